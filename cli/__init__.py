@@ -1,0 +1,1 @@
+"""The ``moeless`` command line: thin commands over the engine in ``moeless/``."""

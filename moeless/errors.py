@@ -1,0 +1,21 @@
+"""Errors a user can act on. The CLI prints their message as one line and exits non-zero."""
+
+
+class MoelessError(Exception):
+    """Base class: a problem with the user's input or environment, not a bug."""
+
+
+class CheckpointError(MoelessError):
+    """The model folder is missing, incomplete, corrupt or not a supported MoE checkpoint."""
+
+
+class UnsupportedArchitectureError(CheckpointError):
+    """The checkpoint is a model moeless cannot split (or not an MoE at all)."""
+
+
+class PackagingError(MoelessError):
+    """Exporting or writing artifacts failed (an expert failed verification, disk full...)."""
+
+
+class ArtifactError(MoelessError):
+    """Artifacts are missing, tampered with, or do not match their manifest."""

@@ -1,0 +1,91 @@
+"""Running packaged experts: the executor seam, and the in-process onnxruntime executor.
+
+The backbone never calls an expert directly; it hands an :class:`ExpertExecutor` the token
+rows of each needed expert of a layer, and gets their outputs back. In-process onnxruntime
+(here) is one executor; the serverless dispatcher (Lambda invokes) is another.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+from moeless.errors import ArtifactError
+from moeless.expert_onnx import session_options
+from moeless.fileio import sha256_file
+from moeless.manifest import Manifest, load_manifest
+
+
+@runtime_checkable
+class ExpertExecutor(Protocol):
+    """Runs routed experts of one layer.
+
+    ``run(layer, inputs)``: ``inputs`` maps expert id -> float32 ``[tokens_e, H]``; the result
+    maps the same ids to float32 ``[tokens_e, H]`` (expert outputs before routing weights).
+    """
+
+    def run(self, layer: int, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]: ...
+
+
+class OnnxExpertPool:
+    """Experts run in this process by onnxruntime, one session per (layer, expert), opened lazily.
+
+    Each file's sha256 is checked against the manifest before its session is created, so a
+    tampered artifact is refused at load, never run.
+    """
+
+    def __init__(self, artifacts_dir: Path, manifest: Manifest | None = None, threads: int = 1) -> None:
+        self.artifacts_dir = Path(artifacts_dir)
+        self.manifest = manifest or load_manifest(self.artifacts_dir)
+        self.threads = threads
+        self._sessions: dict[tuple[int, int], Any] = {}
+        self._lock = threading.Lock()
+
+    def session(self, layer: int, expert: int) -> Any:
+        """The onnxruntime session of one expert (checksum-verified on first use)."""
+        key = (layer, expert)
+        with self._lock:
+            if key not in self._sessions:
+                self._sessions[key] = self._open(layer, expert)
+            return self._sessions[key]
+
+    def _open(self, layer: int, expert: int) -> Any:
+        import onnxruntime as ort
+
+        try:
+            entry = self.manifest.expert(layer, expert)
+        except KeyError:
+            raise ArtifactError(f"layer {layer} expert {expert} is not in the manifest") from None
+        path = self.artifacts_dir / entry.file
+        if not path.is_file():
+            raise ArtifactError(f"expert file {entry.file} is missing")
+        data = path.read_bytes()
+        if len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise ArtifactError(
+                f"expert file {entry.file} does not match its manifest checksum: refusing to load"
+            )
+        return ort.InferenceSession(data, session_options(self.threads), providers=["CPUExecutionProvider"])
+
+    def run(self, layer: int, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+        return {
+            expert: self.session(layer, expert).run(
+                ["output"], {"hidden": np.ascontiguousarray(rows, np.float32)}
+            )[0]
+            for expert, rows in inputs.items()
+        }
+
+
+def check_backbone_files(artifacts_dir: Path, manifest: Manifest) -> None:
+    """Refuse to load a backbone whose files differ from the manifest."""
+    for entry in manifest.backbone_files():
+        path = Path(artifacts_dir) / entry.file
+        if not path.is_file():
+            raise ArtifactError(f"backbone file {entry.file} is missing")
+        if path.stat().st_size != entry.bytes or sha256_file(path) != entry.sha256:
+            raise ArtifactError(
+                f"backbone file {entry.file} does not match its manifest checksum: refusing to load"
+            )

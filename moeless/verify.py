@@ -1,0 +1,43 @@
+"""Re-check every artifact against the manifest: present, right size, right sha256."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from moeless.fileio import sha256_file
+from moeless.manifest import FileEntry, load_manifest
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One file that does not match the manifest."""
+
+    file: str
+    reason: str  # "missing" | "size" | "sha256"
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.reason}"
+
+
+def check_file(artifacts_dir: Path, entry: FileEntry) -> Problem | None:
+    """Compare one file with its manifest entry (size first: it is free)."""
+    path = Path(artifacts_dir) / entry.file
+    if not path.is_file():
+        return Problem(entry.file, "missing")
+    if path.stat().st_size != entry.bytes:
+        return Problem(entry.file, f"size {path.stat().st_size} != {entry.bytes} in manifest")
+    if sha256_file(path) != entry.sha256:
+        return Problem(entry.file, "sha256 differs from manifest")
+    return None
+
+
+def verify_artifacts(artifacts_dir: Path) -> list[Problem]:
+    """Every file of the package that is missing or differs from the manifest (empty: all good).
+
+    Raises:
+        ArtifactError: the manifest itself is missing or invalid.
+    """
+    manifest = load_manifest(artifacts_dir)
+    problems = [check_file(artifacts_dir, entry) for entry in manifest.all_files()]
+    return [p for p in problems if p is not None]
