@@ -13,7 +13,6 @@ Configuration (environment of the function):
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
@@ -26,6 +25,7 @@ from moeless.errors import ArtifactError
 from moeless.expert_payload import MAX_PAYLOAD_BYTES, PayloadError, decode_request, encode_matrix
 from moeless.fileio import sha256_file
 from moeless.manifest import MANIFEST_NAME, ExpertEntry, Manifest, load_manifest
+from moeless.verify import read_verified
 
 DEFAULT_CACHE = Path("/tmp/moeless-experts")
 
@@ -105,13 +105,7 @@ class ExpertFunction:
         options = session_options(threads or os.cpu_count() or 1)
         self.sessions: dict[tuple[int, int], Any] = {}
         for entry in _hosted_entries(self.manifest, experts):
-            data = (root / entry.file).read_bytes() if (root / entry.file).is_file() else None
-            if data is None:
-                raise ArtifactError(f"expert file {entry.file} is missing under {source}")
-            if hashlib.sha256(data).hexdigest() != entry.sha256:
-                raise ArtifactError(
-                    f"expert file {entry.file} does not match its manifest checksum: refusing it"
-                )
+            data = read_verified(root, entry)
             self.sessions[(entry.layer, entry.expert)] = ort.InferenceSession(
                 data, options, providers=["CPUExecutionProvider"]
             )

@@ -7,7 +7,6 @@ rows of each needed expert of a layer, and gets their outputs back. In-process o
 
 from __future__ import annotations
 
-import hashlib
 import threading
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -18,6 +17,7 @@ from moeless.errors import ArtifactError
 from moeless.expert_onnx import session_options
 from moeless.fileio import sha256_file
 from moeless.manifest import Manifest, load_manifest
+from moeless.verify import read_verified
 
 
 @runtime_checkable
@@ -60,14 +60,7 @@ class OnnxExpertPool:
             entry = self.manifest.expert(layer, expert)
         except KeyError:
             raise ArtifactError(f"layer {layer} expert {expert} is not in the manifest") from None
-        path = self.artifacts_dir / entry.file
-        if not path.is_file():
-            raise ArtifactError(f"expert file {entry.file} is missing")
-        data = path.read_bytes()
-        if len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
-            raise ArtifactError(
-                f"expert file {entry.file} does not match its manifest checksum: refusing to load"
-            )
+        data = read_verified(self.artifacts_dir, entry)
         return ort.InferenceSession(data, session_options(self.threads), providers=["CPUExecutionProvider"])
 
     def run(self, layer: int, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:

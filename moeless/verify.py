@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
+from moeless.errors import ArtifactError
 from moeless.fileio import sha256_file
-from moeless.manifest import FileEntry, load_manifest
+from moeless.manifest import ExpertEntry, FileEntry, load_manifest
 
 
 @dataclass(frozen=True)
@@ -41,3 +43,18 @@ def verify_artifacts(artifacts_dir: Path) -> list[Problem]:
     manifest = load_manifest(artifacts_dir)
     problems = [check_file(artifacts_dir, entry) for entry in manifest.all_files()]
     return [p for p in problems if p is not None]
+
+
+def read_verified(artifacts_dir: Path, entry: FileEntry | ExpertEntry) -> bytes:
+    """Read one artifact, refusing it unless its size and sha256 match the manifest entry.
+
+    Raises:
+        ArtifactError: the file is missing or differs from the manifest.
+    """
+    path = Path(artifacts_dir) / entry.file
+    if not path.is_file():
+        raise ArtifactError(f"{entry.file} is missing from {artifacts_dir}")
+    data = path.read_bytes()
+    if len(data) != entry.bytes or hashlib.sha256(data).hexdigest() != entry.sha256:
+        raise ArtifactError(f"{entry.file} does not match its manifest checksum: refusing to load it")
+    return data
