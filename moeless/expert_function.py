@@ -133,8 +133,9 @@ class ExpertFunction:
             reply = self._run(event)
         except PayloadError as exc:
             reply = exc.to_reply()
-        cold = self._pending_init_ms > 0 and "error" not in reply
-        if "error" not in reply:
+        cold = False
+        if "error" not in reply:  # a refused request does not consume the cold start
+            cold = self._pending_init_ms > 0
             reply["init_ms"] = round(self._pending_init_ms, 3)
             self._pending_init_ms = 0.0
         self._log(request_id, cold, event, reply)

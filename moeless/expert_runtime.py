@@ -15,9 +15,8 @@ import numpy as np
 
 from moeless.errors import ArtifactError
 from moeless.expert_onnx import session_options
-from moeless.fileio import sha256_file
 from moeless.manifest import Manifest, load_manifest
-from moeless.verify import read_verified
+from moeless.verify import check_file, read_verified
 
 
 @runtime_checkable
@@ -75,10 +74,10 @@ class OnnxExpertPool:
 def check_backbone_files(artifacts_dir: Path, manifest: Manifest) -> None:
     """Refuse to load a backbone whose files differ from the manifest."""
     for entry in manifest.backbone_files():
-        path = Path(artifacts_dir) / entry.file
-        if not path.is_file():
+        problem = check_file(artifacts_dir, entry)
+        if problem and problem.reason == "missing":
             raise ArtifactError(f"backbone file {entry.file} is missing")
-        if path.stat().st_size != entry.bytes or sha256_file(path) != entry.sha256:
+        if problem:
             raise ArtifactError(
                 f"backbone file {entry.file} does not match its manifest checksum: refusing to load"
             )

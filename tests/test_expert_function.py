@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -71,7 +72,7 @@ def test_float16_wire_format(artifacts):
 def test_provisioned_instance_reports_no_init(artifacts, monkeypatch):
     monkeypatch.setenv("MOELESS_EXPERTS_URI", str(artifacts))
     monkeypatch.setenv("AWS_LAMBDA_INITIALIZATION_TYPE", "provisioned-concurrency")
-    function = ExpertFunction.from_env(__import__("os").environ)
+    function = ExpertFunction.from_env(os.environ)
     reply = function.invoke(encode_request(0, 0, np.zeros((1, 64), np.float32)))
     assert reply["init_ms"] == 0
     assert function.init_ms > 0
