@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "package": "cli.cmd_package:package",
     "verify": "cli.cmd_verify:verify",
     "demo": "cli.cmd_demo:demo",
+    "functions": "cli.cmd_functions:functions",
 }
 
 

@@ -19,3 +19,7 @@ class PackagingError(MoelessError):
 
 class ArtifactError(MoelessError):
     """Artifacts are missing, tampered with, or do not match their manifest."""
+
+
+class PlanError(MoelessError):
+    """A plan file is missing, malformed, or does not fit the artifacts it is used with."""
