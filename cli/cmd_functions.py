@@ -99,10 +99,8 @@ def up(
     use the Lambda API, e.g. boto3.client("lambda", endpoint_url=...). On shutdown it prints what
     AWS would have billed.
     """
-    import boto3
-    from botocore.config import Config
-
     from moeless.lambda_host import LambdaHost
+    from moeless.lambda_host.client import lambda_client
     from moeless.lambda_host.experts import expert_function_configs
     from moeless.lambda_host.meter import format_bill
     from moeless.manifest import load_manifest
@@ -122,14 +120,7 @@ def up(
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        client = boto3.client(
-            "lambda",
-            endpoint_url=host.endpoint_url,
-            region_name="us-east-1",
-            aws_access_key_id="local",
-            aws_secret_access_key="local",
-            config=Config(retries={"total_max_attempts": 1}),
-        )
+        client = lambda_client(host.endpoint_url)
         provisioned = {name: n for name, n in apply_concurrency(client, plan, alias).items() if n}
         if provisioned:
             echo_step(f"initialising {sum(provisioned.values())} provisioned instance(s)...", quiet)

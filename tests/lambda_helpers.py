@@ -6,20 +6,9 @@ import json
 import time
 from typing import Any
 
-import boto3
-from botocore.config import Config
+from moeless.lambda_host.client import lambda_client
 
-
-def lambda_client(endpoint_url: str, pool: int = 10) -> Any:
-    """A boto3 Lambda client for the host at ``endpoint_url``; no retries, so throttles surface."""
-    return boto3.client(
-        "lambda",
-        endpoint_url=endpoint_url,
-        region_name="us-east-1",
-        aws_access_key_id="local",
-        aws_secret_access_key="local",
-        config=Config(retries={"total_max_attempts": 1}, max_pool_connections=pool, read_timeout=60),
-    )
+__all__ = ["call", "lambda_client", "wait_for"]
 
 
 def call(client: Any, name: str, event: Any, **kwargs: Any) -> tuple[dict, Any]:

@@ -17,7 +17,13 @@ import pytest
 
 from moeless.errors import ArtifactError
 from moeless.expert_function import ExpertFunction
-from moeless.expert_payload import MAX_PAYLOAD_BYTES, decode_matrix, encode_request, max_tokens_per_request
+from moeless.expert_payload import (
+    MAX_PAYLOAD_BYTES,
+    decode_matrix,
+    encode_request,
+    max_tokens_per_request,
+    payload_json,
+)
 from moeless.manifest import load_manifest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -52,8 +58,8 @@ def test_handler_output_equals_onnxruntime_on_the_file(artifacts, monkeypatch):
     handler = importlib.reload(importlib.import_module("handler"))
     x = np.random.default_rng(0).standard_normal((7, 64), dtype=np.float32)
     # WHEN it is invoked twice
-    first = handler.handler(encode_request(1, 5, x), FakeContext())
-    second = handler.handler(encode_request(1, 5, x), FakeContext("req-2"))
+    first = json.loads(handler.handler(encode_request(1, 5, x), FakeContext()))
+    second = json.loads(handler.handler(encode_request(1, 5, x), FakeContext("req-2")))
     # THEN the output is onnxruntime's on the same file, and only the first call reports init
     np.testing.assert_array_equal(decode_matrix(first), _direct(artifacts, 1, 5, x))
     assert first["init_ms"] > 0 and second["init_ms"] == 0
@@ -175,3 +181,15 @@ def test_dockerfile_copies_only_what_exists():
         assert (REPO / src).exists(), f"Dockerfile copies {src}, which does not exist"
     requirements = (REPO / "functions" / "expert" / "requirements.txt").read_text()
     assert "torch" not in requirements.replace("# The expert image needs no torch", "")
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [
+        encode_request(3, 1, np.arange(6, dtype=np.float32).reshape(2, 3)),
+        {"error": {"type": "InvalidShape", "message": 'quote " and \\ backslash'}},
+        {"data": "QUJD"},
+    ],
+)
+def test_payload_json_is_the_json_of_the_payload(payload):
+    assert json.loads(payload_json(payload)) == payload

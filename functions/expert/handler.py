@@ -2,15 +2,17 @@
 
 Init (module import, Lambda's init phase) loads and checksum-checks the experts named by
 the environment (see ``moeless/expert_function.py``); each invoke runs one expert on the
-payload of DESIGN.md and returns its output with ``init_ms`` and ``compute_ms``.
+payload of DESIGN.md and returns its output with ``init_ms`` and ``compute_ms``, as JSON bytes
+(awslambdaric passes bytes through; serialising the long base64 string itself is slower).
 """
 
 import os
 
 from moeless.expert_function import ExpertFunction
+from moeless.expert_payload import payload_json
 
 FUNCTION = ExpertFunction.from_env(os.environ)
 
 
 def handler(event, context):
-    return FUNCTION.invoke(event, getattr(context, "aws_request_id", ""))
+    return payload_json(FUNCTION.invoke(event, getattr(context, "aws_request_id", "")))

@@ -19,9 +19,10 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import IO, Any
+from typing import IO
+
+from moeless.lambda_host.httpserver import JsonHandler, LocalHTTPServer
 
 RUNTIME_PREFIX = "/2018-06-01/runtime"
 ACCOUNT_ID = "000000000000"
@@ -284,35 +285,18 @@ class Instance:
             self._log.close()
 
 
-class _RuntimeApiServer(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
+class _RuntimeApiServer(LocalHTTPServer):
     instance: Instance
 
 
-class _RuntimeApiHandler(BaseHTTPRequestHandler):
+class _RuntimeApiHandler(JsonHandler):
     """The Lambda Runtime API, as the ``awslambdaric`` client uses it."""
 
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
     server: _RuntimeApiServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: the host meters and logs invocations itself."""
-
-    def _reply(self, status: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-        self.send_response(status)
-        # awslambdaric's client fails on a response without Content-Type
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        for key, value in (headers or {}).items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self) -> None:
         if self.path != f"{RUNTIME_PREFIX}/invocation/next":
-            self._reply(404, error_body("NotFound", self.path))
+            self.send_json(404, error_body("NotFound", self.path))
             return
         instance = self.server.instance
         invocation = instance.next_invocation()
@@ -320,7 +304,7 @@ class _RuntimeApiHandler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         deadline_ms = int(time.time() * 1e3 + instance.config.timeout_s * 1e3)
-        self._reply(
+        self.send_json(
             200,
             invocation.payload,
             {
@@ -339,12 +323,12 @@ class _RuntimeApiHandler(BaseHTTPRequestHandler):
         parts = self.path.removeprefix(RUNTIME_PREFIX).strip("/").split("/")
         if parts == ["init", "error"]:
             instance.init_failed(body)
-            self._reply(202, b'{"status":"OK"}')
+            self.send_json(202, b'{"status":"OK"}')
         elif len(parts) == 3 and parts[0] == "invocation" and parts[2] in ("response", "error"):
             error = "Unhandled" if parts[2] == "error" else None
             if instance.complete(parts[1], body, error):
-                self._reply(202, b'{"status":"OK"}')
+                self.send_json(202, b'{"status":"OK"}')
             else:
-                self._reply(400, error_body("InvalidRequestID", f"not the current invocation: {parts[1]}"))
+                self.send_json(400, error_body("InvalidRequestID", f"not the current invocation: {parts[1]}"))
         else:
-            self._reply(404, error_body("NotFound", self.path))
+            self.send_json(404, error_body("NotFound", self.path))

@@ -16,10 +16,10 @@ import json
 import re
 import threading
 import uuid
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from moeless.lambda_host.httpserver import JsonHandler, LocalHTTPServer
 from moeless.lambda_host.instance import error_body, function_arn
 from moeless.lambda_host.pool import Throttled
 
@@ -58,13 +58,11 @@ class ApiError(Exception):
         self.status, self.error_type, self.extra = status, error_type, extra
 
 
-class _InvokeApiServer(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
+class _InvokeApiServer(LocalHTTPServer):
     host: LambdaHost
 
 
-def serve(host: LambdaHost, port: int = 0) -> ThreadingHTTPServer:
+def serve(host: LambdaHost, port: int = 0) -> LocalHTTPServer:
     """Start the API on 127.0.0.1:``port`` in a background thread; returns the server."""
     server = _InvokeApiServer(("127.0.0.1", port), _ApiHandler)
     server.host = host
@@ -72,13 +70,8 @@ def serve(host: LambdaHost, port: int = 0) -> ThreadingHTTPServer:
     return server
 
 
-class _ApiHandler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    disable_nagle_algorithm = True
+class _ApiHandler(JsonHandler):
     server: _InvokeApiServer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Quiet: the meter and the instance logs record what happened."""
 
     def do_GET(self) -> None:
         self._dispatch("GET")
@@ -118,16 +111,7 @@ class _ApiHandler(BaseHTTPRequestHandler):
                 self.close_connection = True  # the body was not read
             status, headers = exc.status, {"x-amzn-ErrorType": exc.error_type}
             payload = json.dumps({"Type": "User", "message": str(exc), **exc.extra}).encode()
-        self._send(status, payload, headers | {"x-amzn-RequestId": request_id})
-
-    def _send(self, status: int, body: bytes, headers: dict[str, str]) -> None:
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        for key, value in headers.items():
-            self.send_header(key, value)
-        self.end_headers()
-        self.wfile.write(body)
+        self.send_json(status, payload, headers | {"x-amzn-RequestId": request_id})
 
     def _pool(self, name: str) -> Any:
         from moeless.lambda_host.host import FunctionNotFound
@@ -180,7 +164,7 @@ class _ApiHandler(BaseHTTPRequestHandler):
                 400, "InvalidParameterValueException", f"unknown InvocationType {invocation_type!r}"
             )
         try:
-            result = pool.invoke(body, qualifier)
+            result = pool.invoke(body, qualifier, log_tail=self.headers.get("X-Amz-Log-Type") == "Tail")
         except Throttled as exc:
             raise ApiError(429, "TooManyRequestsException", str(exc), Reason=exc.reason) from None
         headers = dict(version)
@@ -194,7 +178,7 @@ class _ApiHandler(BaseHTTPRequestHandler):
             function_error = "Unhandled"
         if function_error:
             headers["X-Amz-Function-Error"] = function_error
-        if self.headers.get("X-Amz-Log-Type") == "Tail":
+        if result.log_tail:
             headers["X-Amz-Log-Result"] = base64.b64encode(result.log_tail.encode()).decode()
         return 200, payload, headers
 

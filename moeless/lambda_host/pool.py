@@ -85,8 +85,11 @@ class FunctionPool:
 
     # --- invocations --------------------------------------------------------------------------
 
-    def invoke(self, payload: bytes, qualifier: str) -> InvokeResult:
-        """Run one synchronous invocation. Raises :class:`Throttled` when over a concurrency limit."""
+    def invoke(self, payload: bytes, qualifier: str, log_tail: bool = False) -> InvokeResult:
+        """Run one synchronous invocation. Raises :class:`Throttled` when over a concurrency limit.
+
+        With ``log_tail`` the result carries the invocation's log lines (``LogType=Tail``).
+        """
         invocation = Invocation(payload, qualifier)
         instance, cold = self._start(invocation)
         request = f"RequestId: {invocation.request_id} Error:"
@@ -98,7 +101,7 @@ class FunctionPool:
             seconds = f"{self.config.timeout_s:.2f}"
             instance.kill(error_body("Sandbox.Timedout", f"{request} Task timed out after {seconds} seconds"))
         invocation.done.wait()
-        return self._settle(instance, invocation)
+        return self._settle(instance, invocation, log_tail)
 
     def _start(self, invocation: Invocation) -> tuple[Instance, bool]:
         """Give ``invocation`` an instance: an idle one, else a new one (cold). Returns (instance, cold)."""
@@ -127,7 +130,7 @@ class FunctionPool:
             instance.assign(invocation)
             return instance, True
 
-    def _settle(self, instance: Instance, invocation: Invocation) -> InvokeResult:
+    def _settle(self, instance: Instance, invocation: Invocation, log_tail: bool) -> InvokeResult:
         report = (
             f"END RequestId: {invocation.request_id}\n"
             f"REPORT RequestId: {invocation.request_id}\tDuration: {invocation.duration_ms:.2f} ms\t"
@@ -147,7 +150,7 @@ class FunctionPool:
         return InvokeResult(
             invocation.body,
             invocation.function_error,
-            self._log_tail(instance, invocation.log_offset),
+            self._log_tail(instance, invocation.log_offset) if log_tail else "",
             invocation.duration_ms,
             billed,
             invocation.init_ms,
