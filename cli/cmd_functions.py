@@ -118,7 +118,8 @@ def up(
     except OSError as exc:
         raise click.ClickException(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    for signum in (signal.SIGINT, signal.SIGTERM):  # also when started with SIGINT ignored (`cmd &`)
+        signal.signal(signum, lambda *_: stop.set())
     try:
         client = lambda_client(host.endpoint_url)
         provisioned = {name: n for name, n in apply_concurrency(client, plan, alias).items() if n}
@@ -136,10 +137,7 @@ def up(
         )
         click.echo(f"  logs:    {host.log_dir}")
         sys.stdout.flush()
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
-        pass
+        stop.wait()
     finally:
         echo_step("stopping instances...", quiet)
         host.stop()
