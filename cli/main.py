@@ -20,6 +20,8 @@ COMMANDS: dict[str, str] = {
     "verify": "cli.cmd_verify:verify",
     "demo": "cli.cmd_demo:demo",
     "functions": "cli.cmd_functions:functions",
+    "serve": "cli.cmd_serve:serve",
+    "invoke": "cli.cmd_invoke:invoke",
 }
 
 

@@ -23,3 +23,7 @@ class ArtifactError(MoelessError):
 
 class PlanError(MoelessError):
     """A plan file is missing, malformed, or does not fit the artifacts it is used with."""
+
+
+class LambdaHostError(MoelessError):
+    """The local Lambda host could not start its functions (port in use, provisioned init failed...)."""

@@ -34,6 +34,12 @@ def _dispatched_experts_class() -> type:
         def forward(self, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
             import torch
 
+            # Experts run on CPU (in functions or onnxruntime): route and combine on CPU, then
+            # hand the result back on the backbone's device (a no-op on a CPU backbone).
+            device = hidden_states.device
+            hidden_states, top_k_index, top_k_weights = (
+                t.cpu() for t in (hidden_states, top_k_index, top_k_weights)
+            )
             # 1. Group token rows by expert: (token, slot) pairs for every chosen expert.
             token_idx, slot_idx = torch.nonzero(
                 (top_k_index >= 0) & (top_k_index < self.num_experts), as_tuple=True
@@ -53,7 +59,7 @@ def _dispatched_experts_class() -> type:
                 out = torch.from_numpy(np.asarray(outputs[int(e)])).to(hidden_states.dtype)
                 weighted = out * top_k_weights[token_idx[g], slot_idx[g], None].to(hidden_states.dtype)
                 final.index_add_(0, token_idx[g], weighted)
-            return final
+            return final.to(device)
 
     return DispatchedExperts
 

@@ -1,11 +1,14 @@
-"""The plan's expert functions as local function configurations."""
+"""The plan's expert functions on a local host: their configurations, and starting them."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from moeless.aws_prices import vcpus_for_memory
+from moeless.errors import LambdaHostError
+from moeless.lambda_host.host import LambdaHost
 from moeless.lambda_host.instance import FunctionConfig
 from moeless.plan import Plan
 
@@ -41,3 +44,49 @@ def expert_function_configs(
         )
         for spec in plan.functions
     ]
+
+
+def start_expert_host(
+    artifacts: Path,
+    plan: Plan,
+    task_root: Path,
+    port: int = 0,
+    alias: str = "live",
+    max_instances: int = 64,
+    idle_timeout_s: float = 300.0,
+    timeout_s: float = 30.0,
+    log_dir: Path | None = None,
+    on_progress: Callable[[str], None] = lambda message: None,
+) -> LambdaHost:
+    """Start a local host with the plan's expert functions, and apply the plan's concurrency.
+
+    Reserved and provisioned concurrency go through the Lambda API (boto3), as they would on AWS;
+    this returns once every provisioned instance is initialised.
+
+    Raises:
+        LambdaHostError: the port is taken, or provisioned instances failed to initialise.
+    """
+    from moeless.lambda_host.client import lambda_client
+    from moeless.provisioning import apply_concurrency
+
+    configs = expert_function_configs(artifacts, plan, task_root, timeout_s=timeout_s)
+    try:
+        host = LambdaHost(configs, port, max_instances, idle_timeout_s, log_dir).start()
+    except OSError as exc:
+        raise LambdaHostError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
+    try:
+        provisioned = sum(apply_concurrency(lambda_client(host.endpoint_url), plan, alias).values())
+        if provisioned:
+            on_progress(f"initialising {provisioned} provisioned instance(s)...")
+            status = host.wait_provisioned(timeout_s=max(120.0, timeout_s))
+            failed = {
+                name: s.get("StatusReason", s["Status"])
+                for name, s in status.items()
+                if s["Status"] != "READY"
+            }
+            if failed:
+                raise LambdaHostError(f"provisioned concurrency did not become ready: {failed}")
+    except BaseException:
+        host.stop()
+        raise
+    return host

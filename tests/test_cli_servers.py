@@ -99,3 +99,52 @@ def test_functions_up_refuses_a_bad_plan(tiny, tmp_path):
         timeout=60,
     )
     assert result.returncode == 1 and "places no replica" in result.stderr
+
+
+def test_serve_local_answers_moeless_invoke_and_bills_on_sigterm(tiny, tmp_path):
+    artifacts = tiny.package("mixtral")
+    command = [
+        MOELESS,
+        "serve",
+        str(artifacts),
+        "--local",
+        "--port",
+        "0",
+        "--meter-out",
+        str(tmp_path / "bill.json"),
+    ]
+    process = subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith("REST endpoint: http://127.0.0.1:"), line + process.stderr.read()
+        endpoint = line.split()[2].removesuffix("/v1")
+        answer = subprocess.run(
+            [
+                MOELESS,
+                "invoke",
+                "The quick brown fox",
+                "--endpoint",
+                endpoint,
+                "--max-tokens",
+                "5",
+                "--no-stream",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert answer.returncode == 0, answer.stderr
+        assert "'completion_tokens':" in answer.stderr
+        refused = subprocess.run(
+            [MOELESS, "invoke", "hi", "--endpoint", endpoint, "--max-tokens", "999999"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == 1 and "400" in refused.stderr and "max_tokens" in refused.stderr
+    finally:
+        process.send_signal(signal.SIGTERM)
+        out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert "bill (what AWS Lambda would charge)" in out
+    assert json.loads((tmp_path / "bill.json").read_text())["totals"]["requests"] > 0

@@ -1,0 +1,1 @@
+"""The backbone service: the REST endpoint over :mod:`moeless.serving`."""

@@ -1,0 +1,72 @@
+"""``GET /metrics``: the serving stats in Prometheus' text format (prometheus_client)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+
+from moeless.serving import Backbone
+
+# counter name in ServingStats -> (metric, help)
+EXPERT_COUNTERS = {
+    "invokes": ("moeless_expert_invokes", "Expert function invocations sent"),
+    "retries": ("moeless_expert_retries", "Expert invocations retried on another replica"),
+    "fallbacks": ("moeless_expert_fallbacks", "Expert calls served in-process after every invoke failed"),
+    "cold_starts": ("moeless_expert_cold_starts", "Invocations that reported a cold start (init_ms > 0)"),
+    "throttles": ("moeless_expert_throttles", "Invocations refused with 429 TooManyRequestsException"),
+    "invoke_errors": (
+        "moeless_expert_invoke_errors",
+        "Invocations that failed (function error, timeout, bad reply)",
+    ),
+}
+
+
+def _histogram(metric: HistogramMetricFamily, labels: list[str], snapshot: dict[str, Any]) -> None:
+    buckets = [(str(bound), count) for bound, count in snapshot["buckets"]] + [("+Inf", snapshot["count"])]
+    metric.add_metric(labels, buckets, snapshot["sum"])
+
+
+class _ServingCollector:
+    def __init__(self, backbone: Backbone) -> None:
+        self.backbone = backbone
+
+    def collect(self) -> Iterator[Metric]:
+        snapshot = self.backbone.stats.snapshot()
+        counters: dict[str, float] = snapshot["counters"]  # type: ignore[assignment]
+        requests = CounterMetricFamily(
+            "moeless_requests", "Completion requests by outcome", labels=["outcome"]
+        )
+        for outcome in ("completed", "failed", "rejected", "invalid"):
+            requests.add_metric([outcome], counters.get(f"requests_{outcome}", 0))
+        yield requests
+        tokens = CounterMetricFamily("moeless_tokens", "Tokens processed", labels=["kind"])
+        for kind in ("prompt", "completion"):
+            tokens.add_metric([kind], counters.get(f"{kind}_tokens", 0))
+        yield tokens
+        for key, (name, help_text) in EXPERT_COUNTERS.items():
+            yield CounterMetricFamily(name, help_text, value=counters.get(key, 0))
+        dispatch = HistogramMetricFamily(
+            "moeless_layer_dispatch_seconds",
+            "Time to run one MoE layer's experts (all sequences of a step)",
+            labels=["layer"],
+        )
+        for layer, hist in snapshot["dispatch"].items():  # type: ignore[union-attr]
+            _histogram(dispatch, [str(layer)], hist)
+        yield dispatch
+        latency = HistogramMetricFamily("moeless_request_seconds", "Completion request latency")
+        _histogram(latency, [], snapshot["request_latency"])  # type: ignore[arg-type]
+        yield latency
+        active, waiting = self.backbone.engine.load()
+        load = GaugeMetricFamily("moeless_sequences", "Sequences in the engine", labels=["state"])
+        load.add_metric(["active"], active)
+        load.add_metric(["waiting"], waiting)
+        yield load
+
+
+def metrics_text(backbone: Backbone) -> tuple[bytes, str]:
+    registry = CollectorRegistry()
+    registry.register(_ServingCollector(backbone))
+    return generate_latest(registry), CONTENT_TYPE_LATEST

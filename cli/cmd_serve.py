@@ -1,0 +1,143 @@
+"""``moeless serve``: the backbone service and its REST endpoint, experts as Lambda functions."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from cli.options import echo_step, quiet_option
+from cli.running import expert_task_root, host_options, wait_for_stop_signal
+
+
+@click.command()
+@click.argument("artifacts", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option(
+    "--plan",
+    "plan_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="plan.json from `moeless plan` [default: one function per expert].",
+)
+@click.option(
+    "--local", "local", is_flag=True, help="Run the expert functions on a local Lambda host started here."
+)
+@click.option(
+    "--lambda-endpoint",
+    metavar="URL",
+    help="Invoke experts at this Lambda API (e.g. a running `moeless functions up`) "
+    "[default: AWS, with boto3's usual credentials].",
+)
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8000,
+    show_default=True,
+    help="Port of the REST endpoint on 127.0.0.1 (0: any free port).",
+)
+@click.option(
+    "--functions-port",
+    type=click.IntRange(0, 65535),
+    default=0,
+    show_default=True,
+    help="Port of the local Lambda host with --local (0: any free port).",
+)
+@click.option(
+    "--device",
+    type=click.Choice(["auto", "cpu", "cuda"]),
+    default="auto",
+    show_default=True,
+    help="Where the backbone runs (auto: CUDA when present).",
+)
+@click.option(
+    "--max-batch",
+    type=click.IntRange(1, 256),
+    default=16,
+    show_default=True,
+    help="Sequences decoded together per step.",
+)
+@click.option("--model-name", help="The `model` clients name [default: the artifacts folder's name].")
+@host_options
+@quiet_option
+def serve(
+    artifacts: Path,
+    plan_path: Path | None,
+    local: bool,
+    lambda_endpoint: str | None,
+    port: int,
+    functions_port: int,
+    device: str,
+    max_batch: int,
+    model_name: str | None,
+    alias: str,
+    max_instances: int,
+    idle_timeout: float,
+    timeout: float,
+    log_dir: Path | None,
+    meter_out: Path | None,
+    task_root: Path | None,
+    quiet: bool,
+) -> None:
+    """Serve ARTIFACTS behind an OpenAI-style REST endpoint until Ctrl-C or SIGTERM.
+
+    POST /v1/completions, GET /healthz, GET /metrics. With --local the experts run on a local
+    Lambda host (awslambdaric processes) and its bill is printed on shutdown.
+    """
+    from backbone_service.app import create_app
+    from backbone_service.server import BackgroundServer
+    from moeless.lambda_host.experts import start_expert_host
+    from moeless.lambda_host.meter import format_bill
+    from moeless.manifest import load_manifest
+    from moeless.plan import load_plan, one_function_per_expert
+    from moeless.serving import Backbone, BackboneConfig
+
+    if local and lambda_endpoint:
+        raise click.UsageError("--local starts its own Lambda host: drop --lambda-endpoint")
+    manifest = load_manifest(artifacts)
+    plan = load_plan(plan_path, manifest) if plan_path else one_function_per_expert(manifest)
+    host = None
+    if local:
+        echo_step(f"starting {len(plan.functions)} expert functions on a local Lambda host...", quiet)
+        host = start_expert_host(
+            artifacts,
+            plan,
+            expert_task_root(task_root),
+            functions_port,
+            alias,
+            max_instances,
+            idle_timeout,
+            timeout,
+            log_dir,
+            on_progress=lambda message: echo_step(message, quiet),
+        )
+        lambda_endpoint = host.endpoint_url
+    backbone = server = None
+    try:
+        echo_step("loading the backbone...", quiet)
+        config = BackboneConfig(artifacts, plan_path, lambda_endpoint, alias, device, model_name, max_batch)
+        backbone = Backbone(config)
+        try:
+            server = BackgroundServer(create_app(backbone), port).start()
+        except RuntimeError:
+            raise click.ClickException(f"cannot listen on 127.0.0.1:{port} (in use?)") from None
+        click.echo(
+            f"REST endpoint: {server.url}/v1  (model {backbone.model_name!r}, backbone on {backbone.device})"
+        )
+        click.echo(f'  try: moeless invoke "Hello" --endpoint {server.url}')
+        click.echo(f"  experts: {lambda_endpoint or 'AWS Lambda'}   metrics: {server.url}/metrics")
+        sys.stdout.flush()
+        wait_for_stop_signal()
+    finally:
+        echo_step("stopping...", quiet)
+        if server is not None:
+            server.stop()
+        if backbone is not None:
+            backbone.close()
+        if host is not None:
+            host.stop()
+    if host is not None:
+        bill = host.meter.snapshot()
+        click.echo(format_bill(bill))
+        if meter_out:
+            meter_out.write_text(json.dumps(bill, indent=2))

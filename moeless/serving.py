@@ -1,0 +1,119 @@
+"""The backbone service's engine room: split model + Lambda dispatch + continuous batching.
+
+:class:`Backbone` wires the parts together from a package and a plan; the FastAPI app in
+``backbone_service/`` is a thin layer of routes over it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from moeless.coalesce import StepCoalescer
+from moeless.dispatch import LambdaDispatcher
+from moeless.generation import GenerationEngine, PrewarmHook
+from moeless.manifest import load_manifest
+from moeless.plan import Plan, load_plan, one_function_per_expert
+from moeless.serving_stats import ServingStats
+
+DEFAULT_MAX_TOKENS_LIMIT = 1024
+
+
+@dataclass
+class BackboneConfig:
+    """How to serve a package.
+
+    Attributes:
+        artifacts: output of ``moeless package``.
+        plan: plan.json path; ``None``: one function per expert.
+        lambda_endpoint: the local host's URL; ``None``: AWS (boto3's usual configuration).
+        qualifier: alias the functions are invoked on.
+        device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
+        model_name: the name clients pass as ``model`` (default: the artifacts folder's name).
+        max_batch: sequences per engine step.
+        max_waiting: queued requests before 429.
+        max_tokens_limit: largest ``max_tokens`` accepted.
+    """
+
+    artifacts: Path
+    plan: Path | None = None
+    lambda_endpoint: str | None = None
+    qualifier: str | None = "live"
+    device: str = "auto"
+    model_name: str | None = None
+    max_batch: int = 16
+    max_waiting: int = 256
+    max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
+    attempts: int = 3
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+class Backbone:
+    """The loaded service: tokenizer, split model, dispatcher, engine, stats."""
+
+    def __init__(self, config: BackboneConfig, prewarm: PrewarmHook | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        from moeless.lambda_host.client import lambda_client
+        from moeless.split_model import load_split_model
+
+        self.config = config
+        artifacts = Path(config.artifacts)
+        self.manifest = load_manifest(artifacts)
+        self.plan: Plan = (
+            load_plan(config.plan, self.manifest) if config.plan else one_function_per_expert(self.manifest)
+        )
+        self.model_name = config.model_name or artifacts.resolve().name
+        self.stats = ServingStats()
+        concurrency = 64
+        client = lambda_client(config.lambda_endpoint, max_pool_connections=concurrency)
+        self.dispatcher = LambdaDispatcher(
+            artifacts,
+            self.manifest,
+            self.plan,
+            client,
+            qualifier=config.qualifier,
+            attempts=config.attempts,
+            max_concurrency=concurrency,
+            stats=self.stats,
+        )
+        self.coalescer = StepCoalescer(self.dispatcher)
+        self.device = resolve_device(config.device)
+        self.model = load_split_model(artifacts, self.coalescer, self.manifest, device=self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(artifacts / "backbone", local_files_only=True)
+        self.max_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.engine = GenerationEngine(
+            self.model,
+            self.tokenizer,
+            self.coalescer,
+            eos_ids=eos_token_ids(self.model),
+            max_batch=config.max_batch,
+            max_waiting=config.max_waiting,
+            stats=self.stats,
+            prewarm=prewarm,
+        )
+
+    def encode(self, prompt: str) -> list[int]:
+        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def close(self) -> None:
+        self.engine.stop()
+        self.dispatcher.close()
+
+
+def eos_token_ids(model: Any) -> set[int]:
+    """The ids that end generation, as ``generate`` reads them (generation config, else model config)."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, list | tuple) else [eos])}
