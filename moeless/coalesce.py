@@ -6,7 +6,8 @@ layer, then one call per needed expert carries all of their rows, and each seque
 rows' outputs back. Per-invoke overhead is paid once per layer per step, not once per sequence.
 
 A sequence that finishes (or fails) its forward ``leave()``s, so nobody waits for it at layers
-it will not reach.
+it will not reach. With :meth:`StepCoalescer.share_backbone`, the forwards take turns on the
+backbone (one computes while the others wait at a layer), so they do not oversubscribe the cores.
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ class StepCoalescer:
         self._left: list[set[int]] = []  # layers reached by each participant that has left
         self._pending: dict[int, list[_Submission]] = {}
         self._local = threading.local()
+        self._backbone: threading.Lock | None = None
+
+    def share_backbone(self, lock: threading.Lock) -> None:
+        """Participants hold ``lock`` while they compute and release it while waiting here."""
+        self._backbone = lock
 
     def begin_step(self, participants: int) -> None:
         """Start a step of ``participants`` forwards (each then calls :meth:`join` in its thread)."""
@@ -81,9 +87,15 @@ class StepCoalescer:
             ready = len(batch) >= self._expected(layer)
             if ready:
                 del self._pending[layer]
-        if ready:
-            self._execute(layer, batch)
-        submission.done.wait()
+        if self._backbone is not None:
+            self._backbone.release()
+        try:
+            if ready:
+                self._execute(layer, batch)
+            submission.done.wait()
+        finally:
+            if self._backbone is not None:
+                self._backbone.acquire()
         if submission.error is not None:
             raise submission.error
         assert submission.outputs is not None

@@ -1,8 +1,9 @@
 """The generation engine: continuous batching of requests over the split model.
 
 One loop thread runs *steps*. A step takes every active sequence (new ones prefill, the others
-decode one token), runs their forwards concurrently, one thread each, with the expert calls of
-each MoE layer merged across them (:class:`~moeless.coalesce.StepCoalescer`), then samples one
+decode one token), runs their forwards one thread each, taking turns on the backbone, with the
+expert calls of each MoE layer merged across them (:class:`~moeless.coalesce.StepCoalescer`): one
+invoke per expert per layer per step, whatever the number of sequences. Then it samples one
 token per sequence, streams the new text, and retires finished sequences. Waiting requests join
 at the next step boundary, up to ``max_batch`` in flight.
 
@@ -151,6 +152,10 @@ class GenerationEngine:
         self._cond = threading.Condition()
         self._stopping = False
         self._pool = ThreadPoolExecutor(max_batch, thread_name_prefix="forward")
+        # one forward computes at a time (the others wait for experts): no core oversubscription
+        self._backbone = threading.Lock()
+        if coalescer is not None:
+            coalescer.share_backbone(self._backbone)
         self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
         self._thread.start()
 
@@ -227,6 +232,7 @@ class GenerationEngine:
 
         if self.coalescer is not None:
             self.coalescer.join()
+        self._backbone.acquire()
         try:
             ids = sequence.prompt_ids if sequence.cache is None else sequence.generated[-1:]
             with torch.inference_mode():
@@ -239,6 +245,7 @@ class GenerationEngine:
             sequence.cache = out.past_key_values
             sequence.logits = out.logits[0, -1].float().cpu()
         finally:
+            self._backbone.release()
             if self.coalescer is not None:
                 self.coalescer.leave()
 

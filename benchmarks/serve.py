@@ -1,0 +1,186 @@
+"""Serving throughput and latency: the split service (experts on the local Lambda host) vs the unsplit model.
+
+Usage:
+    .venv/bin/python benchmarks/serve.py             # 1, 4 and 16 concurrent clients
+    .venv/bin/python benchmarks/serve.py --quick     # 1 and 4 clients, fewer requests
+
+Model: the demo's tiny Mixtral (4 layers x 8 experts, hidden 128), built once under .moeless/bench/.
+For each number of concurrent clients, in the same run:
+  * service: clients stream greedy completions from ``POST /v1/completions`` (uvicorn, real sockets);
+    every routed expert runs in an awslambdaric process of the local host, invoked through boto3;
+  * baseline: the same continuous-batching engine over the unsplit checkpoint in-process (torch
+    experts, no HTTP), driven by the same number of concurrent requests.
+It prints output tokens/s, p50/p99 time per output token (TPOT: gap between tokens after the first),
+p50 time to first token, the ratio service/baseline, and the service's mean per-layer dispatch time
+(one MoE layer's experts for all sequences of a step: encode, invoke, wait, decode).
+Prompts: ../shared/data/prompts/dev.jsonl when it exists, else the project's demo prompts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from backbone_service.app import create_app
+from backbone_service.server import BackgroundServer
+from moeless.demo_prompts import DEMO_PROMPTS
+from moeless.generation import GenerationEngine, SamplingParams
+from moeless.lambda_host.experts import start_expert_host
+from moeless.manifest import load_manifest
+from moeless.plan import one_function_per_expert
+from moeless.serving import Backbone, BackboneConfig, eos_token_ids
+
+REPO = Path(__file__).resolve().parent.parent
+WORKDIR = REPO / ".moeless" / "bench" / "serve-mixtral"
+SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "dev.jsonl"
+MAX_TOKENS = 24
+
+
+def build() -> tuple[Path, Path]:
+    from moeless.packaging import package
+    from moeless.tiny import TinySpec, build_tiny_model
+
+    model_dir, artifacts = WORKDIR / "model", WORKDIR / "artifacts"
+    if not (artifacts / "manifest.json").is_file():
+        build_tiny_model(
+            model_dir, TinySpec(arch="mixtral", layers=4, experts=8, hidden=128, intermediate=256)
+        )
+        package(model_dir, artifacts, progress=True)
+    return model_dir, artifacts
+
+
+def load_prompts(count: int) -> list[str]:
+    if SHARED_PROMPTS.is_file():
+        rows = [json.loads(line) for line in SHARED_PROMPTS.read_text().splitlines()[: count * 4]]
+        prompts = [r["prompt"][:300] for r in rows if r.get("source") != "gsm8k_test"]
+    else:
+        prompts = list(DEMO_PROMPTS)
+    return [prompts[i % len(prompts)] for i in range(count)]
+
+
+def summarise(records: list[tuple[float, list[float]]], wall_s: float) -> dict[str, float]:
+    """records: (submit time, token arrival times) per request."""
+    tokens = sum(len(times) for _, times in records)
+    tpot = [(times[-1] - times[0]) / (len(times) - 1) * 1e3 for _, times in records if len(times) > 1]
+    ttft = [(times[0] - start) * 1e3 for start, times in records if times]
+    ordered = sorted(tpot)
+    return {
+        "tokens_per_s": tokens / wall_s,
+        "tpot_p50": statistics.median(ordered),
+        "tpot_p99": ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))],
+        "ttft_p50": statistics.median(ttft),
+    }
+
+
+def run_clients(clients: int, prompts: list[str], one_request) -> tuple[list, float]:
+    """``clients`` threads, each sending its share of ``prompts`` one after another."""
+    records: list[tuple[float, list[float]]] = []
+    lock = threading.Lock()
+
+    def client(index: int) -> None:
+        for prompt in prompts[index::clients]:
+            record = one_request(prompt)
+            with lock:
+                records.append(record)
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return records, time.perf_counter() - started
+
+
+def service_request(url: str, model: str):
+    def one(prompt: str) -> tuple[float, list[float]]:
+        body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
+        start, times = time.perf_counter(), []
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {") and '"text": ""' not in line:
+                    times.append(time.perf_counter())
+        return start, times
+
+    return one
+
+
+def engine_request(engine: GenerationEngine, tokenizer):
+    def one(prompt: str) -> tuple[float, list[float]]:
+        start, times, done = time.perf_counter(), [], threading.Event()
+
+        def on_event(event) -> None:
+            if event.kind == "text" and event.text:
+                times.append(time.perf_counter())
+            elif event.kind != "text":
+                done.set()
+
+        ids = tokenizer(prompt)["input_ids"]
+        engine.submit(ids, SamplingParams(MAX_TOKENS, temperature=0.0), on_event)
+        done.wait()
+        return start, times
+
+    return one
+
+
+def main() -> None:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    levels = (1, 4) if args.quick else (1, 4, 16)
+    per_level = 8 if args.quick else 32
+    model_dir, artifacts = build()
+    prompts = load_prompts(per_level)
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    unsplit = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    baseline = GenerationEngine(unsplit, tokenizer, None, eos_token_ids(unsplit), max_batch=16)
+    plan = one_function_per_expert(load_manifest(artifacts))
+    host = start_expert_host(artifacts, plan, REPO / "functions" / "expert")
+    backbone = Backbone(BackboneConfig(artifacts, lambda_endpoint=host.endpoint_url, max_batch=16))
+    server = BackgroundServer(create_app(backbone)).start()
+    try:
+        ask = service_request(server.url, backbone.model_name)
+        run_clients(16, load_prompts(16), ask)  # warm-up: start the instances 16 clients need
+        print(
+            f"prompts: {'../shared/data/prompts/dev.jsonl' if SHARED_PROMPTS.is_file() else 'demo prompts'}, "
+            f"{per_level} requests per level, max_tokens {MAX_TOKENS}, greedy"
+        )
+        print(
+            f"{'clients':>7} | {'service tok/s':>13} {'TPOT p50/p99 ms':>16} {'TTFT p50':>9} | "
+            f"{'unsplit tok/s':>13} {'TPOT p50/p99 ms':>16} | {'tok/s ratio':>11} | {'dispatch ms/layer':>17}"
+        )
+        for clients in levels:
+            before = backbone.stats.snapshot()["dispatch"]
+            service, wall = run_clients(clients, prompts, ask)
+            served = summarise(service, wall)
+            after = backbone.stats.snapshot()["dispatch"]
+            count = sum(h["count"] for h in after.values()) - sum(h["count"] for h in before.values())
+            total = sum(h["sum"] for h in after.values()) - sum(h["sum"] for h in before.values())
+            local, wall = run_clients(clients, prompts, engine_request(baseline, tokenizer))
+            base = summarise(local, wall)
+            print(
+                f"{clients:>7} | {served['tokens_per_s']:13.1f} "
+                f"{served['tpot_p50']:7.1f} /{served['tpot_p99']:7.1f} {served['ttft_p50']:9.1f} | "
+                f"{base['tokens_per_s']:13.1f} {base['tpot_p50']:7.1f} /{base['tpot_p99']:7.1f} | "
+                f"{served['tokens_per_s'] / base['tokens_per_s']:11.2f} | {total / max(count, 1) * 1e3:17.2f}"
+            )
+        counters = backbone.stats.snapshot()["counters"]
+        print(f"service counters: {json.dumps({k: int(v) for k, v in sorted(counters.items())})}")
+    finally:
+        server.stop()
+        backbone.close()
+        baseline.stop()
+        host.stop()
+
+
+if __name__ == "__main__":
+    main()
