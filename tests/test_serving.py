@@ -272,6 +272,7 @@ def test_failing_functions_are_retried_then_served_in_process_with_identical_tok
     by_name["moeless-l000-e001"] = _faulty(by_name["moeless-l000-e001"], "exit")
     by_name["moeless-l001-e002"] = _faulty(by_name["moeless-l001-e002"], "garbage")
     by_name["moeless-l001-e003"].reserved_concurrency = 0  # every call throttled
+    by_name["moeless-l001-e004"] = replace(_faulty(by_name["moeless-l001-e004"], "slow"), timeout_s=0.05)
     expected = reference_ids(model_dir, PROMPTS, 8)
     with serving(artifacts, list(by_name.values())) as (_, backbone, host):
         assert engine_ids(backbone, PROMPTS, 8) == expected
@@ -280,6 +281,7 @@ def test_failing_functions_are_retried_then_served_in_process_with_identical_tok
         assert stats.get("requests_failed") == 0
         bill = host.meter.snapshot()["functions"]
         assert bill["moeless-l000-e000"]["errors"] > 0 and bill["moeless-l001-e003"]["throttles"] > 0
+        assert bill["moeless-l001-e004"]["errors"] > 0  # timed out
 
 
 def test_a_failing_replica_is_retried_on_a_healthy_one(mixtral, tmp_path):
@@ -298,6 +300,23 @@ def test_a_failing_replica_is_retried_on_a_healthy_one(mixtral, tmp_path):
         assert backbone.stats.get("retries") > 0 and backbone.stats.get("fallbacks") == 0
         bill = host.meter.snapshot()["functions"]
         assert any(bill[c.name]["errors"] for c in configs if c.name.endswith("-b"))
+
+
+def test_experts_placed_on_the_backbone_are_never_invoked(mixtral, tmp_path):
+    model_dir, artifacts = mixtral
+    plan = one_function_per_expert(load_manifest(artifacts))
+    on_backbone = {(0, 0), (0, 1), (1, 5)}
+    for placement in plan.experts:
+        if (placement.layer, placement.expert) in on_backbone:
+            placement.placement, placement.function = "backbone", None
+    plan.functions = [f for f in plan.functions if tuple(f.experts[0]) not in on_backbone]
+    plan.save(tmp_path / "plan.json")
+    expected = reference_ids(model_dir, PROMPTS[:4], 8)
+    with serving(artifacts, plan_path=tmp_path / "plan.json") as (_, backbone, host):
+        assert engine_ids(backbone, PROMPTS[:4], 8) == expected
+        assert backbone.stats.get("fallbacks") == 0
+        assert "moeless-l000-e000" not in host.pools
+        assert host.meter.snapshot()["totals"]["requests"] == backbone.stats.get("invokes")
 
 
 def test_backbone_dockerfile_copies_only_what_exists():
