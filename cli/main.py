@@ -22,6 +22,8 @@ COMMANDS: dict[str, str] = {
     "functions": "cli.cmd_functions:functions",
     "serve": "cli.cmd_serve:serve",
     "invoke": "cli.cmd_invoke:invoke",
+    "plan": "cli.cmd_plan:plan",
+    "apply-plan": "cli.cmd_plan:apply_plan",
 }
 
 

@@ -222,10 +222,14 @@ def place_warm(
         kept[e].append(w)
         used[w] += 1
         totals[w] += size
-    warm = _local_search(load, counts, kept, workers, capacity, rounds=len(rest) + 8)
     fresh_b = balancedness(worker_loads(load, counts, fresh, workers))
-    warm_b = balancedness(worker_loads(load, counts, warm, workers))
-    chosen, kept_previous = (warm, True) if warm_b >= fresh_b - tolerance else (fresh, False)
+    chosen, kept_previous = fresh, False
+    if balancedness(worker_loads(load, counts, kept, workers)) >= fresh_b - tolerance:
+        chosen, kept_previous = kept, True
+    else:  # a few moves out of the busiest worker may be enough
+        improved = _local_search(load, counts, kept, workers, capacity, rounds=len(rest) + workers)
+        if balancedness(worker_loads(load, counts, improved, workers)) >= fresh_b - tolerance:
+            chosen, kept_previous = improved, True
     return WarmPlacement(chosen, moved_replicas(previous, chosen), kept_previous)
 
 

@@ -374,13 +374,13 @@ def estimate(
                 )
                 continue
             memory = function_memory.get(p.function or "", p.memory_mb) or p.memory_mb
-            t = model.expert_ms(
-                tokens[e] / p.replicas,
-                shape.hidden,
-                shape.intermediate,
-                model.vcpus(memory),
-                shape.weight_bytes,
-            )
+            if plan.policy == "static":  # serverful: each worker is a GPU running its experts in turn
+                t = model.backbone_expert_ms(tokens[e], shape.hidden, shape.intermediate, shape.weight_bytes)
+            else:
+                vcpus = model.vcpus(memory)
+                t = model.expert_ms(
+                    tokens[e] / p.replicas, shape.hidden, shape.intermediate, vcpus, shape.weight_bytes
+                )
             slowest = max(slowest, t)
             for w in p.workers:
                 per_worker[w] = per_worker.get(w, 0.0) + t

@@ -75,7 +75,8 @@ def start_expert_host(
     except OSError as exc:
         raise LambdaHostError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
     try:
-        provisioned = sum(apply_concurrency(lambda_client(host.endpoint_url), plan, alias).values())
+        apply_concurrency(lambda_client(host.endpoint_url), plan, alias)
+        provisioned = sum(spec.provisioned_concurrency for spec in plan.functions)
         if provisioned:
             on_progress(f"initialising {provisioned} provisioned instance(s)...")
             status = host.wait_provisioned(timeout_s=max(120.0, timeout_s))
