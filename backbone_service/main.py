@@ -26,6 +26,7 @@ def config_from_env(env: dict[str, str]) -> BackboneConfig:
         qualifier=env.get("MOELESS_QUALIFIER", "live") or None,
         device=env.get("MOELESS_DEVICE", "auto"),
         max_batch=int(env.get("MOELESS_MAX_BATCH", "16")),
+        replan_interval_s=float(env.get("MOELESS_REPLAN_INTERVAL", "60")),
     )
 
 

@@ -59,6 +59,12 @@ class _ServingCollector:
         latency = HistogramMetricFamily("moeless_request_seconds", "Completion request latency")
         _histogram(latency, [], snapshot["request_latency"])  # type: ignore[arg-type]
         yield latency
+        replanner = self.backbone.replanner
+        yield CounterMetricFamily(
+            "moeless_replan_changes",
+            "Provisioned-concurrency changes applied by re-planning",
+            value=len(replanner.applied) if replanner else 0,
+        )
         active, waiting = self.backbone.engine.load()
         load = GaugeMetricFamily("moeless_sequences", "Sequences in the engine", labels=["state"])
         load.add_metric(["active"], active)

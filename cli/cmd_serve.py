@@ -58,6 +58,13 @@ from cli.running import expert_task_root, host_options, wait_for_stop_signal
     help="Sequences decoded together per step.",
 )
 @click.option("--model-name", help="The `model` clients name [default: the artifacts folder's name].")
+@click.option(
+    "--replan-interval",
+    type=click.FloatRange(0),
+    default=60.0,
+    show_default=True,
+    help="Seconds between re-provisioning the functions from observed loads (0: never).",
+)
 @host_options
 @quiet_option
 def serve(
@@ -70,6 +77,7 @@ def serve(
     device: str,
     max_batch: int,
     model_name: str | None,
+    replan_interval: float,
     alias: str,
     max_instances: int,
     idle_timeout: float,
@@ -115,7 +123,16 @@ def serve(
     backbone = server = None
     try:
         echo_step("loading the backbone...", quiet)
-        config = BackboneConfig(artifacts, plan_path, lambda_endpoint, alias, device, model_name, max_batch)
+        config = BackboneConfig(
+            artifacts,
+            plan_path,
+            lambda_endpoint,
+            alias,
+            device,
+            model_name,
+            max_batch,
+            replan_interval_s=replan_interval,
+        )
         backbone = Backbone(config)
         try:
             server = BackgroundServer(create_app(backbone), port).start()

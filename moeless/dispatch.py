@@ -25,6 +25,7 @@ from moeless.expert_payload import decode_matrix, encode_request, max_tokens_per
 from moeless.expert_runtime import OnnxExpertPool
 from moeless.manifest import Manifest
 from moeless.plan import Plan
+from moeless.replanner import RollingLoads
 from moeless.serving_stats import ServingStats
 
 
@@ -93,6 +94,7 @@ class LambdaDispatcher:
         self.local = OnnxExpertPool(artifacts_dir, manifest)
         self.max_rows = max_tokens_per_request(manifest.hidden_size)
         self._in_flight: dict[str, int] = {}
+        self.observed: RollingLoads | None = None  # set to record the tokens each expert receives
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="invoke")
 
@@ -101,6 +103,8 @@ class LambdaDispatcher:
 
     def run(self, layer: int, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
         started = time.perf_counter()
+        if self.observed is not None:
+            self.observed.add(layer, {expert: len(rows) for expert, rows in inputs.items()})
         pieces: dict[int, list[tuple[int, Future[np.ndarray]]]] = {}
         for expert, rows in inputs.items():
             names = self.replicas.get((layer, expert), [])

@@ -410,3 +410,48 @@ def estimate(
         "priced_as": "always-on GPU workers" if plan.policy == "static" else "Lambda + backbone GPU memory",
         "sources": model.sources(),
     }
+
+
+def reprovision(plan: Plan, loads: Loads, workload: Workload | None = None, min_rate: float = 0.2) -> Plan:
+    """``plan`` with each function's provisioned concurrency recomputed from ``loads``.
+
+    A function is kept warm (1 provisioned instance) when one of its experts is busy enough. Loads
+    measured as rates (``meta["unit"] == "tokens_per_s"``, what the serving path observes): busy
+    means at least ``min_rate`` tokens a second (an invoke every few seconds: it would rarely find
+    an instance cold, but each cold start would sit on the request path). Plain counts: busy means
+    likely active in a step, 1 - (1 - share)^(top_k * batch_tokens) >= the warm threshold.
+    Functions and placement are unchanged (they are what is deployed).
+    """
+    params = plan.params
+    work = workload or Workload(
+        top_k=int(params.get("top_k") or loads.top_k or 2),
+        batch_tokens=int(params.get("batch_tokens") or 64),
+        warm_threshold=float(params.get("warm_threshold") or 0.5),
+    )
+    selections = work.top_k * work.batch_tokens
+    if loads.meta.get("unit") == "tokens_per_s":
+        busy = {
+            (layer, e): float(r) / min_rate
+            for layer, rates in loads.layers.items()
+            for e, r in enumerate(rates)
+        }
+    else:
+        busy = {
+            (layer, e): float(p) / work.warm_threshold
+            for layer, counts in loads.layers.items()
+            for e, p in enumerate(1.0 - (1.0 - shares(counts)) ** selections)
+        }
+    functions = [
+        FunctionSpec(
+            f.name,
+            list(f.experts),
+            f.memory_mb,
+            min(
+                1 if max(busy.get(tuple(pair), 0.0) for pair in f.experts) >= 1.0 else 0,
+                1 if f.reserved_concurrency is None else f.reserved_concurrency,
+            ),
+            f.reserved_concurrency,
+        )
+        for f in plan.functions
+    ]
+    return Plan(plan.policy, plan.experts, functions, dict(params), plan.workers, dict(plan.estimate))

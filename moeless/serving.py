@@ -15,6 +15,8 @@ from moeless.dispatch import LambdaDispatcher
 from moeless.generation import GenerationEngine, PrewarmHook
 from moeless.manifest import load_manifest
 from moeless.plan import Plan, load_plan, one_function_per_expert
+from moeless.planner import reprovision
+from moeless.replanner import Replanner, RollingLoads
 from moeless.serving_stats import ServingStats
 
 DEFAULT_MAX_TOKENS_LIMIT = 1024
@@ -34,6 +36,8 @@ class BackboneConfig:
         max_batch: sequences per engine step.
         max_waiting: queued requests before 429.
         max_tokens_limit: largest ``max_tokens`` accepted.
+        attempts: invokes tried per expert call before the in-process fallback.
+        replan_interval_s: re-provision the functions from observed loads this often (0: never).
     """
 
     artifacts: Path
@@ -46,6 +50,7 @@ class BackboneConfig:
     max_waiting: int = 256
     max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
     attempts: int = 3
+    replan_interval_s: float = 0.0
 
 
 def resolve_device(device: str) -> str:
@@ -86,6 +91,17 @@ class Backbone:
             stats=self.stats,
         )
         self.coalescer = StepCoalescer(self.dispatcher)
+        self.replanner: Replanner | None = None
+        if config.replan_interval_s > 0:
+            self.dispatcher.observed = RollingLoads(self.manifest.num_experts)
+            self.replanner = Replanner(
+                self.plan,
+                self.dispatcher.observed,
+                reprovision,
+                client,
+                config.qualifier or "live",
+                config.replan_interval_s,
+            ).start()
         self.device = resolve_device(config.device)
         self.model = load_split_model(artifacts, self.coalescer, self.manifest, device=self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(artifacts / "backbone", local_files_only=True)
@@ -105,6 +121,8 @@ class Backbone:
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
     def close(self) -> None:
+        if self.replanner is not None:
+            self.replanner.stop()
         self.engine.stop()
         self.dispatcher.close()
 
