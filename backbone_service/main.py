@@ -6,6 +6,7 @@ MOELESS_LAMBDA_ENDPOINT   a local host's URL; unset on AWS
 MOELESS_QUALIFIER         alias to invoke (default ``live``)
 MOELESS_DEVICE            auto | cuda | cpu
 MOELESS_MAX_BATCH         sequences per step (default 16)
+MOELESS_REPLAN_INTERVAL   seconds between re-provisioning from observed loads (default 60; 0: never)
 """
 
 from __future__ import annotations
