@@ -23,6 +23,8 @@ COMMANDS: dict[str, str] = {
     "serve": "cli.cmd_serve:serve",
     "invoke": "cli.cmd_invoke:invoke",
     "plan": "cli.cmd_plan:plan",
+    "profile": "cli.cmd_profile:profile",
+    "trace": "cli.cmd_profile:trace",
     "apply-plan": "cli.cmd_plan:apply_plan",
 }
 
