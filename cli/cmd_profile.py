@@ -76,3 +76,51 @@ def loads(trace_dir: Path, phase: str, output: Path | None) -> None:
         click.echo(f"loads -> {output}", err=True)
     else:
         click.echo(text)
+
+
+@click.group()
+def predict() -> None:
+    """Evaluate expert-load predictors on a trace."""
+
+
+@predict.command("eval")
+@click.argument("trace_dir", metavar="TRACE", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--method", type=click.Choice(["sps", "layer", "gate", "freq", "oracle"]), required=True)
+@click.option(
+    "--distance",
+    type=click.IntRange(1),
+    default=1,
+    show_default=True,
+    help="Predict layer l+d from layer l (token-level methods).",
+)
+@click.option(
+    "--seed", type=int, default=0, show_default=True, help="Seed of the train/test split by request."
+)
+@click.option(
+    "--save",
+    "save_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="layer: write the fine-tuned router copies here (e.g. ARTIFACTS/predictors).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+def evaluate(
+    trace_dir: Path, method: str, distance: int, seed: int, save_dir: Path | None, as_json: bool
+) -> None:
+    """Score METHOD on TRACE's held-out requests: hit rate, set recall, load accuracy, latency."""
+    from moeless.predict_eval import evaluate as run
+    from moeless.trace import load_trace
+
+    result = run(load_trace(trace_dir), method, distance, seed, save_dir=save_dir)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+        return
+    click.echo(
+        f"{method}, distance {distance}: {result['train_requests']} train / {result['test_requests']} "
+        f"test requests"
+    )
+    click.echo(f"{'layer':>5} {'hit rate':>9} {'set recall':>10} {'load acc':>9} {'ms p50':>8} {'ms p99':>8}")
+    for row in [*result["layers"], {"layer": "mean", **result["mean"]}]:
+        click.echo(
+            f"{row['layer']:>5} {row['hit_rate']:9.3f} {row['set_recall']:10.3f} {row['load_accuracy']:9.3f} "
+            f"{row['latency_ms_p50']:8.4f} {row['latency_ms_p99']:8.4f}"
+        )

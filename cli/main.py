@@ -25,6 +25,7 @@ COMMANDS: dict[str, str] = {
     "plan": "cli.cmd_plan:plan",
     "profile": "cli.cmd_profile:profile",
     "trace": "cli.cmd_profile:trace",
+    "predict": "cli.cmd_profile:predict",
     "apply-plan": "cli.cmd_plan:apply_plan",
 }
 
