@@ -57,7 +57,7 @@ def _cover_set(shares: np.ndarray) -> set[int]:
     return chosen
 
 
-def _routers(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
+def routers_of(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
     model, _, _ = load_model(Path(trace.meta["model"]))
     by_layer = router_weights(model)
     missing = [layer for layer in trace.layers if layer not in by_layer]
@@ -99,7 +99,7 @@ def evaluate(
     extra: dict[str, Any] = {}
 
     if method in ("gate", "layer"):
-        predictor = LayerAware(_routers(trace), k, threshold if method == "layer" else 1.1)
+        predictor = LayerAware(routers_of(trace), k, threshold if method == "layer" else 1.1)
         if method == "layer":
             predictor.fit(
                 trace.hidden[:, train_rows].astype(np.float32),

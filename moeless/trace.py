@@ -346,4 +346,4 @@ def load_trace(path: Path) -> Trace:
         raise TraceError(f"{path} is not a readable trace: {exc}") from None
     if meta.get("schema_version") != SCHEMA_VERSION:
         raise TraceError(f"{path}: trace schema_version {meta.get('schema_version')!r} is not supported")
-    return Trace(meta, prompts, **arrays)
+    return Trace(meta | {"trace_dir": str(path)}, prompts, **arrays)

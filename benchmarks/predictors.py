@@ -1,0 +1,80 @@
+"""Expert-load predictors side by side on the trained tiny MoE's routing of held-out real prompts.
+
+Usage:
+    .venv/bin/python benchmarks/predictors.py             # 800 prompts of ../shared/data/prompts/dev.jsonl
+    .venv/bin/python benchmarks/predictors.py --prompts 200
+
+Trains (once, cached under .moeless/models) the default `moeless model train` model on Python's
+documentation, profiles it over the prompts (16 new tokens each, half the tokens' router inputs
+kept), and runs `moeless predict eval` for every method and distance d = 1, 2, 3. Without
+../shared it uses the project's demo prompts (too few for a meaningful split; say so).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from moeless.demo_prompts import DEMO_PROMPTS
+from moeless.predict_eval import evaluate
+from moeless.predictors import METHODS, Embedder
+from moeless.trace import load_trace, profile, read_prompts
+from moeless.training import TrainSpec, trained_model
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "dev.jsonl"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=800)
+    args = parser.parse_args()
+    model = trained_model(REPO / ".moeless" / "models", TrainSpec())
+    if SHARED_PROMPTS.is_file():
+        prompts, source = (
+            read_prompts(SHARED_PROMPTS, args.prompts),
+            f"{SHARED_PROMPTS.name} (first {args.prompts})",
+        )
+    else:
+        prompts, source = (
+            list(DEMO_PROMPTS),
+            "the demo prompts (no ../shared: too few for a meaningful split)",
+        )
+    trace_dir = REPO / ".moeless" / "bench" / f"trace-{model.name}-{len(prompts)}"
+    if not (trace_dir / "meta.json").is_file():
+        profile(model, prompts, trace_dir, max_new_tokens=16, hidden_sample_rate=0.5)
+    trace = load_trace(trace_dir)
+    embedder = Embedder()
+    print(
+        f"model {model.name}, prompts: {source}, {len(trace.request)} tokens; "
+        "token-level methods scored on sampled tokens, load-level ones on every token of a request"
+    )
+    print(
+        f"{'d':>2} {'method':<7} | {'hit rate':>8} {'set recall':>10} {'load acc':>8} | "
+        f"{'ms/layer p50':>12} {'p99':>7}"
+    )
+    results = {}
+    for distance in (1, 2, 3):
+        for method in METHODS:
+            result = evaluate(trace, method, distance, embedder=embedder)
+            results[(method, distance)] = result["mean"]
+            m = result["mean"]
+            print(
+                f"{distance:>2} {method:<7} | {m['hit_rate']:8.3f} {m['set_recall']:10.3f} "
+                f"{m['load_accuracy']:8.3f} | {m['latency_ms_p50']:12.4f} {m['latency_ms_p99']:7.4f}"
+            )
+    print("\ngoals")
+    for distance in (1, 2, 3):
+        layer, gate = results[("layer", distance)]["hit_rate"], results[("gate", distance)]["hit_rate"]
+        print(
+            f"  d={distance}: layer-aware vs unmodified gate, hit rate {layer:.3f} vs {gate:.3f}: "
+            f"{layer / gate - 1:+.1%} (goal >= +15%)"
+        )
+    sps, freq = results[("sps", 1)]["load_accuracy"], results[("freq", 1)]["load_accuracy"]
+    print(f"  SPS vs frequency prior, load accuracy {sps:.4f} vs {freq:.4f}: {sps - freq:+.4f} (goal > 0)")
+    worst = max(results[("layer", d)]["latency_ms_p99"] for d in (1, 2, 3))
+    print(f"  layer-aware prediction p99 {worst:.4f} ms per layer (goal < 0.2 ms)")
+
+
+if __name__ == "__main__":
+    main()
