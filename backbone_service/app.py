@@ -82,6 +82,7 @@ def create_app(backbone: Backbone) -> FastAPI:
     async def completions(request: Request) -> Response:
         body = _parse(await request.body())
         params, prompts = _check(backbone, body)
+        prompts_text = body.prompts()
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
         sequences = []
@@ -91,7 +92,7 @@ def create_app(backbone: Backbone) -> FastAPI:
                 def deliver(event: Event, index: int = index) -> None:
                     loop.call_soon_threadsafe(events.put_nowait, (index, event))
 
-                sequences.append(backbone.engine.submit(prompt_ids, params, deliver))
+                sequences.append(backbone.engine.submit(prompt_ids, params, deliver, prompts_text[index]))
         except Overloaded as exc:
             raise ApiError(429, f"the server is busy ({exc}); retry shortly", "overloaded") from None
         except ShuttingDown as exc:

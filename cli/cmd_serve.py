@@ -59,6 +59,11 @@ from cli.running import expert_task_root, host_options, wait_for_stop_signal
 )
 @click.option("--model-name", help="The `model` clients name [default: the artifacts folder's name].")
 @click.option(
+    "--predictor-trace",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="A trace of this model (`moeless profile`): pre-warm each request's predicted functions.",
+)
+@click.option(
     "--replan-interval",
     type=click.FloatRange(0),
     default=60.0,
@@ -77,6 +82,7 @@ def serve(
     device: str,
     max_batch: int,
     model_name: str | None,
+    predictor_trace: Path | None,
     replan_interval: float,
     alias: str,
     max_instances: int,
@@ -132,6 +138,7 @@ def serve(
             model_name,
             max_batch,
             replan_interval_s=replan_interval,
+            predictor_trace=predictor_trace,
         )
         backbone = Backbone(config)
         try:

@@ -56,9 +56,11 @@ class StepCoalescer:
             self._participants = participants
             self._left = []
 
-    def join(self) -> None:
-        """Called by each participant's thread before its forward."""
+    def join(self, routing: dict[int, dict[int, int]] | None = None) -> None:
+        """Called by each participant's thread before its forward; ``routing`` (layer -> tokens per
+        expert) accumulates what this participant sends."""
         self._local.layers = set()
+        self._local.routing = routing
 
     def leave(self) -> None:
         """Called by each participant's thread after its forward, also when it failed."""
@@ -80,6 +82,11 @@ class StepCoalescer:
         layers = getattr(self._local, "layers", None)
         if layers is None:  # not part of a step (direct use): run alone
             return self.inner.run(layer, inputs)
+        routing = getattr(self._local, "routing", None)
+        if routing is not None:
+            counts = routing.setdefault(layer, {})
+            for expert, rows in inputs.items():
+                counts[expert] = counts.get(expert, 0) + len(rows)
         with self._cond:
             layers.add(layer)
             batch = self._pending.setdefault(layer, [])

@@ -95,6 +95,11 @@ class LambdaDispatcher:
         self.max_rows = max_tokens_per_request(manifest.hidden_size)
         self._in_flight: dict[str, int] = {}
         self.observed: RollingLoads | None = None  # set to record the tokens each expert receives
+        self.last_used: dict[str, float] = {}  # function -> monotonic time of its last invoke
+        # function -> set when its warm-up invoke finished: a call waits for the warming instance
+        # rather than starting a second cold one beside it
+        self.warming: dict[str, threading.Event] = {}
+        self.hidden_size = manifest.hidden_size
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="invoke")
 
@@ -141,6 +146,24 @@ class LambdaDispatcher:
                     start = end
             return slices
 
+    def warm(self, function: str, layer: int, expert: int) -> None:
+        """A warm-up invoke (one zero row), off the request path; counted apart from serving invokes."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        payload = payload_json(encode_request(layer, expert, np.zeros((1, self.hidden_size), np.float32)))
+        kwargs = {"Qualifier": self.qualifier} if self.qualifier else {}
+        self.stats.inc("prewarm_invokes")
+        try:
+            body = json.loads(
+                self.client.invoke(FunctionName=function, Payload=payload, **kwargs)["Payload"].read()
+            )
+        except (ClientError, BotoCoreError, OSError, ValueError):
+            self.stats.inc("prewarm_failures")
+            return
+        self.last_used[function] = time.monotonic()
+        if isinstance(body, dict) and body.get("init_ms", 0) > 0:
+            self.stats.inc("prewarm_cold_starts")
+
     def _run_local(self, layer: int, expert: int, rows: np.ndarray) -> np.ndarray:
         return self.local.run(layer, {expert: rows})[expert]
 
@@ -168,7 +191,12 @@ class LambdaDispatcher:
 
         payload = payload_json(encode_request(layer, expert, rows))
         kwargs = {"Qualifier": self.qualifier} if self.qualifier else {}
+        warming = self.warming.get(function)
+        if warming is not None and not warming.is_set():
+            self.stats.inc("waited_for_warmup")
+            warming.wait(timeout=30)
         self.stats.inc("invokes")
+        self.last_used[function] = time.monotonic()
         try:
             response = self.client.invoke(FunctionName=function, Payload=payload, **kwargs)
             body = json.loads(response["Payload"].read())

@@ -37,14 +37,21 @@ class ShuttingDown(Exception):
 
 
 class PrewarmHook(Protocol):
-    """Called once per request before its first layer runs (the predictor warms functions here)."""
+    """The router hook: ``before_request`` as a request arrives, before it queues and before its
+    first layer (the predictor warms functions here); ``after_request`` with its routing
+    (layer -> tokens per expert) once it finished (the predictor learns here)."""
 
-    def before_request(self, prompt_ids: list[int]) -> None: ...
+    def before_request(self, prompt: str, prompt_ids: list[int]) -> None: ...
+
+    def after_request(self, prompt: str, routing: dict[int, Any]) -> None: ...
 
 
 class NoPrewarm:
-    def before_request(self, prompt_ids: list[int]) -> None:
-        """No predictor yet: nothing to warm."""
+    def before_request(self, prompt: str, prompt_ids: list[int]) -> None:
+        """No predictor: nothing to warm."""
+
+    def after_request(self, prompt: str, routing: dict[int, Any]) -> None:
+        """No predictor: nothing to learn."""
 
 
 @dataclass(frozen=True)
@@ -74,6 +81,8 @@ class Sequence:
     prompt_ids: list[int]
     params: SamplingParams
     on_event: Callable[[Event], None]
+    prompt: str = ""
+    routing: dict[int, Any] = field(default_factory=dict)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     generated: list[int] = field(default_factory=list)
     text: str = ""
@@ -162,12 +171,17 @@ class GenerationEngine:
     # --- requests -----------------------------------------------------------------------------
 
     def submit(
-        self, prompt_ids: list[int], params: SamplingParams, on_event: Callable[[Event], None]
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_event: Callable[[Event], None],
+        prompt: str = "",
     ) -> Sequence:
         """Queue a request; its events go to ``on_event`` (from the engine thread)."""
         import torch
 
-        sequence = Sequence(list(prompt_ids), params, on_event)
+        sequence = Sequence(list(prompt_ids), params, on_event, prompt)
+        self.prewarm.before_request(prompt, sequence.prompt_ids)
         if params.seed is not None:
             sequence.generator = torch.Generator().manual_seed(params.seed)
         with self._cond:
@@ -207,9 +221,7 @@ class GenerationEngine:
                     self._waiting.clear()
                     return
                 while self._waiting and len(self._active) < self.max_batch:
-                    admitted = self._waiting.popleft()
-                    self._active.append(admitted)
-                    self.prewarm.before_request(admitted.prompt_ids)
+                    self._active.append(self._waiting.popleft())
                 batch = list(self._active)
             self._step(batch)
             with self._cond:
@@ -231,7 +243,7 @@ class GenerationEngine:
         import torch
 
         if self.coalescer is not None:
-            self.coalescer.join()
+            self.coalescer.join(sequence.routing)
         self._backbone.acquire()
         try:
             ids = sequence.prompt_ids if sequence.cache is None else sequence.generated[-1:]
@@ -282,6 +294,7 @@ class GenerationEngine:
         self.stats.inc("prompt_tokens", len(sequence.prompt_ids))
         self.stats.inc("completion_tokens", len(sequence.generated))
         self.stats.observe_request(time.perf_counter() - sequence.submitted_at)
+        self.prewarm.after_request(sequence.prompt, sequence.routing)
         sequence.done.set()
         sequence.on_event(Event("done", finish_reason=reason))
 

@@ -70,6 +70,23 @@ class RollingLoads:
             return Loads(rates, {"unit": "tokens_per_s", "half_life_s": self.half_life_s})
 
 
+class CombinedLoads:
+    """Several rolling sources (observed, predicted) seen as one: per expert, the highest rate."""
+
+    def __init__(self, *sources: RollingLoads) -> None:
+        self.sources = sources
+
+    def snapshot(self) -> Loads | None:
+        snapshots = [s for s in (source.snapshot() for source in self.sources) if s is not None]
+        if not snapshots:
+            return None
+        layers: dict[int, np.ndarray] = {}
+        for snapshot in snapshots:
+            for layer, rates in snapshot.layers.items():
+                layers[layer] = np.maximum(layers[layer], rates) if layer in layers else rates.copy()
+        return Loads(dict(sorted(layers.items())), dict(snapshots[0].meta))
+
+
 class Hysteresis:
     """Let a proposed provisioned count through only once it has been proposed ``up_after`` (rising)
     or ``down_after`` (falling) re-plans in a row."""
@@ -108,7 +125,7 @@ class Replanner:
     def __init__(
         self,
         plan: Plan,
-        loads: RollingLoads,
+        loads: RollingLoads | CombinedLoads,
         reprovision: Callable[[Plan, Loads], Plan],
         lambda_client: Any,
         alias: str = "live",

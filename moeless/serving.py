@@ -10,13 +10,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from moeless.coalesce import StepCoalescer
 from moeless.dispatch import LambdaDispatcher
 from moeless.generation import GenerationEngine, PrewarmHook
 from moeless.manifest import load_manifest
 from moeless.plan import Plan, load_plan, one_function_per_expert
 from moeless.planner import reprovision
-from moeless.replanner import Replanner, RollingLoads
+from moeless.replanner import CombinedLoads, Replanner, RollingLoads
 from moeless.serving_stats import ServingStats
 
 DEFAULT_MAX_TOKENS_LIMIT = 1024
@@ -38,6 +40,9 @@ class BackboneConfig:
         max_tokens_limit: largest ``max_tokens`` accepted.
         attempts: invokes tried per expert call before the in-process fallback.
         replan_interval_s: re-provision the functions from observed loads this often (0: never).
+        predictor_trace: a trace of this model: Similar-Prompt Search learns from it and pre-warms
+            each request's predicted functions (``None``: no pre-warming).
+        prewarm_idle_s: a function not invoked for this long is presumed cold.
     """
 
     artifacts: Path
@@ -51,6 +56,8 @@ class BackboneConfig:
     max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
     attempts: int = 3
     replan_interval_s: float = 0.0
+    predictor_trace: Path | None = None
+    prewarm_idle_s: float = 240.0
 
 
 def resolve_device(device: str) -> str:
@@ -91,12 +98,14 @@ class Backbone:
             stats=self.stats,
         )
         self.coalescer = StepCoalescer(self.dispatcher)
+        self.predicted_loads = RollingLoads(self.manifest.num_experts)
+        self.prewarmer = prewarm or self._prewarmer(config)
         self.replanner: Replanner | None = None
         if config.replan_interval_s > 0:
             self.dispatcher.observed = RollingLoads(self.manifest.num_experts)
             self.replanner = Replanner(
                 self.plan,
-                self.dispatcher.observed,
+                CombinedLoads(self.dispatcher.observed, self.predicted_loads),
                 reprovision,
                 client,
                 config.qualifier or "live",
@@ -114,15 +123,49 @@ class Backbone:
             max_batch=config.max_batch,
             max_waiting=config.max_waiting,
             stats=self.stats,
-            prewarm=prewarm,
+            prewarm=self.prewarmer,
         )
 
     def encode(self, prompt: str) -> list[int]:
         return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
 
+    def _prewarmer(self, config: BackboneConfig) -> PrewarmHook | None:
+        if config.predictor_trace is None:
+            return None
+        from moeless.predictors import Embedder, FrequencyPrior, SimilarPromptSearch, request_shares
+        from moeless.prewarm import SpsPrewarmer
+        from moeless.trace import TraceError, load_trace
+
+        trace = load_trace(config.predictor_trace)
+        if trace.layers != list(self.manifest.moe_layers) or trace.num_experts != self.manifest.num_experts:
+            raise TraceError(
+                f"{config.predictor_trace} was not recorded from this model's layers and experts"
+            )
+        requests = np.unique(trace.request)
+        prompts = {p["request"]: p["prompt"] for p in trace.prompts}
+        shares = [request_shares(trace, requests, i) for i in range(len(trace.layers))]
+        sps = SimilarPromptSearch(Embedder(), FrequencyPrior().fit(trace, requests)).fit(
+            [prompts[int(r)] for r in requests],
+            [{i: shares[i][int(r)] for i in range(len(trace.layers))} for r in requests],
+        )
+        return SpsPrewarmer(
+            sps,
+            list(self.manifest.moe_layers),
+            self.dispatcher.replicas,
+            self.dispatcher.last_used,
+            self.dispatcher.warm,
+            self.manifest.top_k,
+            self.dispatcher.warming,
+            idle_s=config.prewarm_idle_s,
+            predicted=self.predicted_loads,
+        )
+
     def close(self) -> None:
         if self.replanner is not None:
             self.replanner.stop()
+        close_prewarmer = getattr(self.prewarmer, "close", None)
+        if close_prewarmer is not None:
+            close_prewarmer()
         self.engine.stop()
         self.dispatcher.close()
 

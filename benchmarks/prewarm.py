@@ -1,0 +1,117 @@
+"""Cold starts on the request path, with and without SPS pre-warming, on a stream of real prompts.
+
+Usage:
+    .venv/bin/python benchmarks/prewarm.py [--requests 24]
+
+The trained tiny Mixtral (`moeless model train` defaults) is packaged and served with every expert
+a function on the local host. Requests arrive in bursts of 4; after a burst is answered the
+stream pauses until every idle instance has been reaped (2 s), so each burst meets cold
+functions. One sequence runs at a time (max batch 1), so queued requests give the pre-warmer
+lead time. Similar-Prompt Search learns from a trace of 800
+other prompts (profiled once, cached) and online from each finished request. Prompts: entries
+800+ of ../shared/data/prompts/dev.jsonl (not in the trace), else the demo prompts repeated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import threading
+import time
+from pathlib import Path
+
+from moeless.demo_prompts import DEMO_PROMPTS
+from moeless.generation import SamplingParams
+from moeless.lambda_host.experts import start_expert_host
+from moeless.manifest import load_manifest
+from moeless.packaging import package
+from moeless.plan import one_function_per_expert
+from moeless.serving import Backbone, BackboneConfig
+from moeless.trace import profile, read_prompts
+from moeless.training import TrainSpec, trained_model
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "dev.jsonl"
+IDLE_S, BURST = 2.0, 4
+
+
+def run(artifacts: Path, trace: Path | None, prompts: list[str]) -> dict[str, float]:
+    plan = one_function_per_expert(load_manifest(artifacts))
+    host = start_expert_host(artifacts, plan, REPO / "functions" / "expert", idle_timeout_s=IDLE_S)
+    config = BackboneConfig(
+        artifacts,
+        lambda_endpoint=host.endpoint_url,
+        max_batch=1,
+        predictor_trace=trace,
+        prewarm_idle_s=IDLE_S,
+    )
+    backbone = Backbone(config)
+    latencies: list[float] = []
+    try:
+        for start in range(0, len(prompts), BURST):
+            threads = []
+            for prompt in prompts[start : start + BURST]:
+
+                def one(prompt: str = prompt) -> None:
+                    began, done = time.perf_counter(), threading.Event()
+                    backbone.engine.submit(
+                        backbone.encode(prompt),
+                        SamplingParams(8, temperature=0),
+                        lambda e: done.set() if e.kind != "text" else None,
+                        prompt,
+                    )
+                    done.wait()
+                    latencies.append(time.perf_counter() - began)
+
+                threads.append(threading.Thread(target=one))
+                threads[-1].start()
+            for thread in threads:
+                thread.join()
+            time.sleep(IDLE_S + 1.5)  # every instance idles out before the next burst
+        counters = backbone.stats.snapshot()["counters"]
+    finally:
+        backbone.close()
+        host.stop()
+    return {
+        "cold_on_path": counters.get("cold_starts", 0),
+        "invokes": counters.get("invokes", 0),
+        "prewarm_invokes": counters.get("prewarm_invokes", 0),
+        "p50_s": statistics.median(latencies),
+        "p99_s": max(latencies),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--requests", type=int, default=24)
+    args = parser.parse_args()
+    model = trained_model(REPO / ".moeless" / "models", TrainSpec())
+    artifacts = REPO / ".moeless" / "bench" / f"{model.name}-artifacts"
+    package(model, artifacts, progress=False)  # resumes: a no-op once packaged
+    if SHARED_PROMPTS.is_file():
+        history = read_prompts(SHARED_PROMPTS, 800)
+        stream = read_prompts(SHARED_PROMPTS, 800 + args.requests)[800:]
+    else:
+        history, stream = (
+            list(DEMO_PROMPTS),
+            [DEMO_PROMPTS[i % len(DEMO_PROMPTS)] for i in range(args.requests)],
+        )
+    trace = REPO / ".moeless" / "bench" / f"trace-{model.name}-{len(history)}"
+    if not (trace / "meta.json").is_file():
+        profile(model, history, trace, max_new_tokens=16, hidden_sample_rate=0.5)
+    print(
+        f"{len(stream)} requests in bursts of {BURST}, all instances reaped ({IDLE_S} s idle) between bursts"
+    )
+    print(
+        f"{'':<14} | {'cold starts on path':>19} {'invokes':>8} {'warm-ups':>8} | {'p50 s':>6} {'max s':>6}"
+    )
+    for label, source in (("no pre-warm", None), ("SPS pre-warm", trace)):
+        r = run(artifacts, source, stream)
+        print(
+            f"{label:<14} | {r['cold_on_path']:19.0f} {r['invokes']:8.0f} {r['prewarm_invokes']:8.0f} | "
+            f"{r['p50_s']:6.2f} {r['p99_s']:6.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
