@@ -4,10 +4,11 @@ Usage:
     .venv/bin/python benchmarks/predictors.py             # 800 prompts of ../shared/data/prompts/dev.jsonl
     .venv/bin/python benchmarks/predictors.py --prompts 200
 
-Trains (once, cached under .moeless/models) the default `moeless model train` model on Python's
-documentation, profiles it over the prompts (16 new tokens each, half the tokens' router inputs
-kept), and runs `moeless predict eval` for every method and distance d = 1, 2, 3. Without
-../shared it uses the project's demo prompts (too few for a meaningful split; say so).
+Trains (once, cached under .moeless/models) the default `moeless model train` model on the real
+texts of ../shared/data/text (Python's documentation without it), profiles it over the prompts
+(16 new tokens each, half the tokens' router inputs kept), and runs `moeless predict eval` for
+every method and distance d = 1, 2, 3. Without ../shared it uses the project's demo prompts (too
+few for a meaningful split; it says so).
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from common import bench_model
+
 from moeless.demo_prompts import DEMO_PROMPTS
 from moeless.predict_eval import evaluate
 from moeless.predictors import METHODS, Embedder
 from moeless.trace import load_trace, profile, read_prompts
-from moeless.training import TrainSpec, trained_model
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "dev.jsonl"
@@ -29,7 +31,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--prompts", type=int, default=800)
     args = parser.parse_args()
-    model = trained_model(REPO / ".moeless" / "models", TrainSpec())
+    model = bench_model()
     if SHARED_PROMPTS.is_file():
         prompts, source = (
             read_prompts(SHARED_PROMPTS, args.prompts),

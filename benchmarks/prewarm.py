@@ -3,12 +3,12 @@
 Usage:
     .venv/bin/python benchmarks/prewarm.py [--requests 24]
 
-The trained tiny Mixtral (`moeless model train` defaults) is packaged and served with every expert
-a function on the local host. Requests arrive in bursts of 4; after a burst is answered the
-stream pauses until every idle instance has been reaped (2 s), so each burst meets cold
-functions. One sequence runs at a time (max batch 1), so queued requests give the pre-warmer
-lead time. Similar-Prompt Search learns from a trace of 800
-other prompts (profiled once, cached) and online from each finished request. Prompts: entries
+The trained tiny Mixtral (`moeless model train` defaults, on ../shared/data/text) is packaged and
+served with every expert a function on the local host. Requests arrive in bursts of 4; after a
+burst is answered the stream pauses until every idle instance has been reaped (2 s), so each
+burst meets cold functions. One sequence runs at a time (max batch 1), so queued requests give
+the pre-warmer lead time. Similar-Prompt Search learns from a trace of 800 other prompts
+(profiled once, cached) and online from each finished request. Prompts: entries
 800+ of ../shared/data/prompts/dev.jsonl (not in the trace), else the demo prompts repeated.
 """
 
@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from common import bench_model
+
 from moeless.demo_prompts import DEMO_PROMPTS
 from moeless.generation import SamplingParams
 from moeless.lambda_host.experts import start_expert_host
@@ -28,7 +30,6 @@ from moeless.packaging import package
 from moeless.plan import one_function_per_expert
 from moeless.serving import Backbone, BackboneConfig
 from moeless.trace import profile, read_prompts
-from moeless.training import TrainSpec, trained_model
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "dev.jsonl"
@@ -85,7 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=24)
     args = parser.parse_args()
-    model = trained_model(REPO / ".moeless" / "models", TrainSpec())
+    model = bench_model()
     artifacts = REPO / ".moeless" / "bench" / f"{model.name}-artifacts"
     package(model, artifacts, progress=False)  # resumes: a no-op once packaged
     if SHARED_PROMPTS.is_file():

@@ -154,11 +154,14 @@ def heldout_perplexity(model, ids, seq_len: int) -> float:
     return math.exp(losses / max(tokens, 1))
 
 
-def trained_model(cache_dir: Path, spec: TrainSpec = TrainSpec(), progress: bool = True) -> Path:
-    """The cached trained model for ``spec``: trained once, reused by the demo and benchmarks."""
-    out = Path(cache_dir) / f"trained-{spec.arch}-s{spec.seed}-{spec.steps}"
+def trained_model(
+    cache_dir: Path, spec: TrainSpec = TrainSpec(), texts: list[Path] | None = None, progress: bool = True
+) -> Path:
+    """The cached model trained for ``spec`` on ``texts``: trained once, reused by the demo and benchmarks."""
+    corpus = "-".join(p.stem for p in texts) if texts else "pydoc"
+    out = Path(cache_dir) / f"trained-{spec.arch}-{corpus}-s{spec.seed}-{spec.steps}"
     report = out / REPORT_NAME
     if report.is_file() and json.loads(report.read_text()).get("spec") == asdict(spec):
         return out
-    train_model(out, spec, progress=progress)
+    train_model(out, spec, texts, progress=progress)
     return out
