@@ -26,6 +26,7 @@ COMMANDS: dict[str, str] = {
     "profile": "cli.cmd_profile:profile",
     "trace": "cli.cmd_profile:trace",
     "predict": "cli.cmd_profile:predict",
+    "simulate": "cli.cmd_simulate:simulate",
     "apply-plan": "cli.cmd_plan:apply_plan",
 }
 

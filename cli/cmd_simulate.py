@@ -1,0 +1,127 @@
+"""``moeless simulate``: replay traffic through serving policies; cost and latency side by side."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import click
+
+
+@click.command()
+@click.option(
+    "--trace",
+    "trace_dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="Replay this trace's requests with their recorded routing.",
+)
+@click.option(
+    "--loads",
+    "loads_path",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Or sample each token's experts from these loads.",
+)
+@click.option("--policies", default="static,moeless,remoe,oracle", show_default=True)
+@click.option(
+    "--arrival",
+    default="poisson:2",
+    show_default=True,
+    help="poisson:RATE or bursty:RATE:PEAK:PERIOD (requests per second).",
+)
+@click.option("--duration", type=click.FloatRange(0, min_open=True), default=60.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option(
+    "--workers",
+    type=click.IntRange(1),
+    default=4,
+    show_default=True,
+    help="Serverful GPU workers (static), and the workers moeless balances over.",
+)
+@click.option(
+    "--hidden", type=click.IntRange(1), help="Expert hidden size [the loads' model, else Mixtral's]."
+)
+@click.option("--intermediate", type=click.IntRange(1), help="Expert intermediate size.")
+@click.option("--prompt-tokens", type=click.IntRange(1), default=128, show_default=True, help="With --loads.")
+@click.option("--output-tokens", type=click.IntRange(0), default=64, show_default=True, help="With --loads.")
+@click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path))
+def simulate(
+    trace_dir: Path | None,
+    loads_path: Path | None,
+    policies: str,
+    arrival: str,
+    duration: float,
+    seed: int,
+    workers: int,
+    hidden: int | None,
+    intermediate: int | None,
+    prompt_tokens: int,
+    output_tokens: int,
+    output: Path,
+) -> None:
+    """Simulate each policy on the same requests and write report.md and results.csv to OUTPUT."""
+    import numpy as np
+
+    from moeless.cost_model import CostModel
+    from moeless.loads import load_loads
+    from moeless.planner import PlanRequest, expert_shape, make_plan
+    from moeless.remoe import Workload
+    from moeless.simulator import (
+        ExpertSize,
+        Simulator,
+        arrivals,
+        requests_from_trace,
+        sample_requests,
+        write_report,
+    )
+    from moeless.trace import load_trace
+
+    if (trace_dir is None) == (loads_path is None):
+        raise click.UsageError("give one of --trace or --loads")
+    rng = np.random.default_rng(seed)
+    try:
+        times = arrivals(arrival, duration, rng)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--arrival") from None
+    if trace_dir is not None:
+        trace = load_trace(trace_dir)
+        loads, top_k = trace.loads(), int(trace.meta["top_k"])
+        replay = requests_from_trace(trace, times)
+    else:
+        loads = load_loads(loads_path)
+        top_k = loads.top_k or 2
+        replay = sample_requests(loads, times, top_k, prompt_tokens, output_tokens, rng)
+    shape, source = expert_shape(loads, None, hidden, intermediate)
+    size = ExpertSize(shape.hidden, shape.intermediate, shape.weight_bytes)
+    model = CostModel()
+    experts = loads.num_experts
+    options = {
+        "static": {"workers": workers},
+        "moeless": {"workers": workers, "slots": math.ceil(1.25 * experts / workers) * workers},
+        "remoe": {},
+        "oracle": {"workers": workers, "slots": math.ceil(1.25 * experts / workers) * workers},
+    }
+    results = []
+    for name in [p.strip() for p in policies.split(",") if p.strip()]:
+        if name not in options:
+            raise click.BadParameter(f"unknown policy {name!r}", param_hint="--policies")
+        planned = make_plan(
+            loads,
+            PlanRequest(
+                "moeless" if name == "oracle" else name, workload=Workload(top_k=top_k), **options[name]
+            ),
+            shape=shape,
+        )
+        click.echo(f"simulating {name}: {len(replay)} requests...", err=True)
+        results.append(
+            Simulator(planned, sorted(loads.layers), size, model, oracle=name == "oracle").run(
+                replay, duration
+            )
+        )
+    header = [
+        f"- requests: {len(replay)} ({arrival} for {duration:.0f} s, seed {seed}), from "
+        f"{trace_dir or loads_path}",
+        f"- experts: {experts} per layer, top-{top_k}, {shape.hidden} x {shape.intermediate} ({source})",
+        f"- policies: {policies}; workers {workers}",
+    ]
+    write_report(results, output, header, model.sources())
+    click.echo((output / "report.md").read_text())

@@ -1,0 +1,363 @@
+"""Replay requests through a serving policy: MoE-layer latency, cold starts and cost.
+
+A discrete-event simulation. Requests arrive by a process (Poisson, bursty on/off, or given
+times); each runs a prefill step (its prompt tokens) and then one decode step per output token; a
+step passes every MoE layer in turn. At a layer the step's tokens are routed (from the trace's
+recorded routing, or sampled from the loads' per-layer shares); each needed expert's tokens are
+split evenly over its replicas, and each piece is served where the policy put it:
+
+* a **function** replica: an idle instance of that function (warm), else a new one after a cold
+  start; an instance serves one invoke at a time and idles out after ``idle_timeout_s``;
+  provisioned instances never idle out and never cold-start. Time = invoke overhead + compute at
+  the function's vCPUs (``CostModel``).
+* a **worker** (serverful expert parallelism): the GPU worker serves its pieces in turn, so a busy
+  worker queues them. Time = GPU compute.
+* the **backbone** (Remoe's resident experts): GPU compute, no invoke.
+
+The layer's latency is when its last piece finishes; the step's tokens then move to the next
+layer. Events are processed in time order across all requests, so instances and workers are shared
+exactly as they would be. Costs: Lambda requests, billed duration (init included on cold starts),
+provisioned GB-s for the simulated time, and the GPUs kept up (the backbone for serverless
+policies; the W workers for serverful ones), all from :class:`~moeless.cost_model.CostModel`.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from moeless.cost_model import CostModel
+from moeless.loads import Loads, shares
+from moeless.plan import Plan
+
+IDLE_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request: arrival time and, per step, per layer index, the tokens routed to each expert."""
+
+    arrival_s: float
+    steps: list[list[dict[int, int]]]  # steps[s][layer index] -> {expert: tokens}
+
+
+def arrivals(process: str, duration_s: float, rng: np.random.Generator) -> np.ndarray:
+    """Arrival times in [0, duration): ``poisson:RATE`` or ``bursty:RATE:PEAK:PERIOD`` (on/off: half of
+    each period at PEAK x RATE, the other half at the rate that keeps the mean at RATE, floored at 0)."""
+    kind, _, spec = process.partition(":")
+    values = [float(v) for v in spec.split(":") if v]
+    if kind == "poisson" and len(values) == 1:
+        rate = values[0]
+        count = rng.poisson(rate * duration_s)
+        return np.sort(rng.uniform(0, duration_s, count))
+    if kind == "bursty" and len(values) == 3:
+        rate, peak, period = values
+        high, low = rate * peak, max(0.0, rate * (2 - peak))
+        times = []
+        for start in np.arange(0, duration_s, period):
+            for offset, level in ((0.0, high), (period / 2, low)):
+                span = min(period / 2, max(0.0, duration_s - start - offset))
+                count = rng.poisson(level * span)
+                times.extend(start + offset + rng.uniform(0, span, count))
+        return np.sort(np.asarray(times))
+    raise ValueError(f"arrival process {process!r}: use poisson:RATE or bursty:RATE:PEAK:PERIOD")
+
+
+def sample_requests(
+    loads: Loads,
+    times: np.ndarray,
+    top_k: int,
+    prompt_tokens: int,
+    output_tokens: int,
+    rng: np.random.Generator,
+) -> list[Request]:
+    """Requests whose tokens pick ``top_k`` distinct experts per layer with the loads' shares."""
+    layer_shares = [shares(counts) for counts in loads.layers.values()]
+
+    def route(tokens: int) -> list[dict[int, int]]:
+        routed = []
+        for p in layer_shares:
+            keys = np.log(np.maximum(p, 1e-300)) + rng.gumbel(size=(tokens, len(p)))  # Gumbel top-k
+            chosen = np.argpartition(-keys, top_k - 1, axis=1)[:, :top_k].ravel()
+            counts = np.bincount(chosen, minlength=len(p))
+            routed.append({int(e): int(c) for e, c in enumerate(counts) if c})
+        return routed
+
+    return [
+        Request(float(t), [route(prompt_tokens)] + [route(1) for _ in range(output_tokens)]) for t in times
+    ]
+
+
+@dataclass
+class _Function:
+    memory_mb: int
+    provisioned: int
+    free_at: list[float] = field(default_factory=list)  # per instance: when it is next idle
+    provisioned_free_at: list[float] = field(default_factory=list)
+
+
+@dataclass
+class PolicyResult:
+    """What one policy cost and how it served."""
+
+    policy: str
+    layer_latency_ms: list[float] = field(default_factory=list)
+    request_latency_ms: list[float] = field(default_factory=list)
+    tokens_served: dict[tuple[int, int], int] = field(default_factory=dict)
+    invokes: int = 0
+    cold_starts: int = 0
+    usd: dict[str, float] = field(default_factory=dict)
+    duration_s: float = 0.0
+    requests: int = 0
+
+    def summary(self) -> dict[str, Any]:
+        def pct(values: list[float], q: float) -> float:
+            return float(np.percentile(values, q)) if values else 0.0
+
+        total = sum(self.usd.values())
+        per_1k = 1000 * total / max(self.requests, 1)
+        return {
+            "policy": self.policy,
+            "requests": self.requests,
+            "moe_layer_ms_p50": pct(self.layer_latency_ms, 50),
+            "moe_layer_ms_p95": pct(self.layer_latency_ms, 95),
+            "moe_layer_ms_p99": pct(self.layer_latency_ms, 99),
+            "request_ms_p50": pct(self.request_latency_ms, 50),
+            "request_ms_p95": pct(self.request_latency_ms, 95),
+            "request_ms_p99": pct(self.request_latency_ms, 99),
+            "cold_starts": self.cold_starts,
+            "invokes": self.invokes,
+            "usd_per_1k_requests": per_1k,
+            "usd_per_1k_by_component": {k: 1000 * v / max(self.requests, 1) for k, v in self.usd.items()},
+            "cost_x_p99_latency": per_1k * pct(self.request_latency_ms, 99) / 1000,
+        }
+
+
+@dataclass(frozen=True)
+class ExpertSize:
+    hidden: int
+    intermediate: int
+    weight_bytes: float
+
+
+class Simulator:
+    """Replays ``requests`` through one policy's plan.
+
+    Args:
+        plan: where each expert's replicas run; ``plan.policy == "static"`` means serverful workers.
+        layers: the model's layer ids, in the order of the requests' layer indices.
+        size: the experts' shape (compute time and cold start from the cost model).
+        model: latency and price inputs.
+        oracle: knows each step's loads: every replica it needs is warm and free (the bound).
+    """
+
+    def __init__(
+        self,
+        plan: Plan,
+        layers: list[int],
+        size: ExpertSize,
+        model: CostModel,
+        oracle: bool = False,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
+        backbone_ms_per_layer: float = 0.05,
+    ) -> None:
+        self.plan = plan
+        self.layers = layers
+        self.size = size
+        self.model = model
+        self.oracle = oracle
+        self.idle_timeout_s = idle_timeout_s
+        self.backbone_ms_per_layer = backbone_ms_per_layer
+        self.serverful = plan.policy == "static"
+        self.placement = {(p.layer, p.expert): p for p in plan.experts}
+        specs = {f.name: f for f in plan.functions}
+        self.functions = {
+            name: _Function(
+                spec.memory_mb, spec.provisioned_concurrency, [], [0.0] * spec.provisioned_concurrency
+            )
+            for name, spec in specs.items()
+        }
+        self.replica_functions: dict[tuple[int, int], list[str]] = {}
+        for spec in plan.functions:
+            for layer, expert in spec.experts:
+                self.replica_functions.setdefault((layer, expert), []).append(spec.name)
+        self.workers_free_at = [0.0] * (plan.workers or 1)
+
+    def run(self, requests: list[Request], duration_s: float) -> PolicyResult:
+        result = PolicyResult(
+            "oracle" if self.oracle else self.plan.policy, duration_s=duration_s, requests=len(requests)
+        )
+        usd = dict.fromkeys(("requests", "duration", "provisioned", "gpu"), 0.0)
+        # events: (time_s, request index, step, layer index)
+        events = [(r.arrival_s, i, 0, 0) for i, r in enumerate(requests)]
+        heapq.heapify(events)
+        finished_at = [0.0] * len(requests)
+        while events:
+            now, i, step, layer_index = heapq.heappop(events)
+            request = requests[i]
+            routing = request.steps[step][layer_index]
+            latency_ms = self._layer(now, self.layers[layer_index], routing, result, usd)
+            result.layer_latency_ms.append(latency_ms)
+            for expert, tokens in routing.items():
+                key = (self.layers[layer_index], expert)
+                result.tokens_served[key] = result.tokens_served.get(key, 0) + tokens
+            done = now + (latency_ms + self.backbone_ms_per_layer) / 1e3
+            if layer_index + 1 < len(self.layers):
+                heapq.heappush(events, (done, i, step, layer_index + 1))
+            elif step + 1 < len(request.steps):
+                heapq.heappush(events, (done, i, step + 1, 0))
+            else:
+                finished_at[i] = done
+        result.request_latency_ms = [(finished_at[i] - r.arrival_s) * 1e3 for i, r in enumerate(requests)]
+        span = max([duration_s, *finished_at])
+        if self.serverful:
+            usd["gpu"] = (self.plan.workers or 1) * self.model.gpu.hourly_usd / 3600 * span
+        else:
+            usd["gpu"] = self.model.gpu.hourly_usd / 3600 * span  # the backbone's GPU
+            for function in self.functions.values():
+                usd["provisioned"] += (
+                    self.model.provisioned_usd_per_s(function.memory_mb, function.provisioned) * span
+                )
+        result.usd = usd
+        return result
+
+    def _compute_ms(self, tokens: float, memory_mb: int | None) -> float:
+        size = self.size
+        if memory_mb is None:  # a GPU: serverful worker or the backbone
+            return self.model.backbone_expert_ms(tokens, size.hidden, size.intermediate, size.weight_bytes)
+        return self.model.expert_ms(
+            tokens, size.hidden, size.intermediate, self.model.vcpus(memory_mb), size.weight_bytes
+        )
+
+    def _layer(
+        self, now: float, layer: int, routing: dict[int, int], result: PolicyResult, usd: dict[str, float]
+    ) -> float:
+        slowest = 0.0
+        for expert, tokens in routing.items():
+            placement = self.placement[(layer, expert)]
+            replicas = max(1, placement.replicas)
+            pieces = [tokens // replicas + (1 if k < tokens % replicas else 0) for k in range(replicas)]
+            pieces = [n for n in pieces if n]
+            if placement.placement == "backbone":
+                slowest = max(slowest, self._compute_ms(tokens, None))
+            elif self.serverful:
+                for n, worker in zip(pieces, placement.workers or [0] * len(pieces), strict=False):
+                    start = max(now, self.workers_free_at[worker])
+                    end = start + self._compute_ms(n, None) / 1e3
+                    self.workers_free_at[worker] = end
+                    slowest = max(slowest, (end - now) * 1e3)
+            else:
+                names = self.replica_functions[(layer, expert)]
+                for k, n in enumerate(pieces):
+                    slowest = max(slowest, self._invoke(now, names[k % len(names)], n, result, usd))
+        return slowest
+
+    def _invoke(
+        self, now: float, name: str, tokens: int, result: PolicyResult, usd: dict[str, float]
+    ) -> float:
+        function = self.functions[name]
+        compute = self._compute_ms(tokens, function.memory_mb)
+        busy_ms = self.model.invoke_overhead_ms + compute
+        result.invokes += 1
+        usd["requests"] += self.model.prices.per_request
+        provisioned = False
+        cold_ms = 0.0
+        if self.oracle:
+            start = now
+        else:
+            free = [k for k, t in enumerate(function.provisioned_free_at) if t <= now]
+            if free:
+                provisioned = True
+                function.provisioned_free_at[free[0]] = now + busy_ms / 1e3
+                start = now
+            else:
+                # instances idle longer than the timeout are gone; of the idle rest, reuse the latest
+                function.free_at = [t for t in function.free_at if t > now or now - t <= self.idle_timeout_s]
+                idle = [k for k, t in enumerate(function.free_at) if t <= now]
+                if idle:
+                    k = max(idle, key=lambda j: function.free_at[j])
+                    start = now
+                else:
+                    cold_ms = self.model.cold_start_ms(self.size.weight_bytes)
+                    result.cold_starts += 1
+                    function.free_at.append(0.0)
+                    k = len(function.free_at) - 1
+                    start = now + cold_ms / 1e3
+                function.free_at[k] = start + busy_ms / 1e3
+        rate = (
+            self.model.prices.provisioned_duration_per_gb_second
+            if provisioned
+            else self.model.prices.per_gb_second
+        )
+        billed = math.ceil(compute + cold_ms)
+        usd["duration"] += billed / 1e3 * function.memory_mb / 1024 * rate
+        return (start - now) * 1e3 + busy_ms
+
+
+def requests_from_trace(trace: Any, times: np.ndarray) -> list[Request]:
+    """The trace's requests with their recorded routing, re-timed to ``times`` (cycled if fewer)."""
+    layers = len(trace.layers)
+    by_request: dict[int, np.ndarray] = {}
+    for request in np.unique(trace.request):
+        by_request[int(request)] = np.flatnonzero(trace.request == request)
+    ids = sorted(by_request)
+    replay = []
+    for n, arrival in enumerate(times):
+        rows = by_request[ids[n % len(ids)]]
+        prefill = rows[trace.phase[rows] == 0]
+        decode = rows[trace.phase[rows] == 1]
+        steps = [_routing(trace, prefill, layers)] + [
+            _routing(trace, np.array([row]), layers) for row in decode
+        ]
+        replay.append(Request(float(arrival), steps))
+    return replay
+
+
+def _routing(trace: Any, rows: np.ndarray, layers: int) -> list[dict[int, int]]:
+    routed = []
+    for index in range(layers):
+        counts = np.bincount(trace.experts[index][rows].ravel().astype(np.int64), minlength=trace.num_experts)
+        routed.append({int(e): int(c) for e, c in enumerate(counts) if c})
+    return routed
+
+
+def write_report(results: list[PolicyResult], out_dir: Any, header: list[str], sources: list[str]) -> None:
+    """``report.md`` and ``results.csv`` in ``out_dir``."""
+    import csv
+    from pathlib import Path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [r.summary() for r in results]
+    components = sorted({k for row in rows for k in row["usd_per_1k_by_component"]})
+    columns = [k for k in rows[0] if k != "usd_per_1k_by_component"] + [f"usd_per_1k_{c}" for c in components]
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, columns)
+        writer.writeheader()
+        for row in rows:
+            flat = {k: v for k, v in row.items() if k != "usd_per_1k_by_component"}
+            writer.writerow(
+                flat | {f"usd_per_1k_{c}": row["usd_per_1k_by_component"].get(c, 0.0) for c in components}
+            )
+    lines = [
+        "# Simulation report",
+        "",
+        *header,
+        "",
+        "| policy | MoE layer p50 / p95 / p99 ms | request p50 / p99 ms | cold starts | invokes | "
+        "$ per 1k requests | " + " | ".join(f"$ {c}" for c in components) + " |",
+        "|---|---:|---:|---:|---:|---:|" + "---:|" * len(components),
+    ]
+    for row in rows:
+        parts = " | ".join(f"{row['usd_per_1k_by_component'].get(c, 0.0):.4f}" for c in components)
+        lines.append(
+            f"| {row['policy']} | {row['moe_layer_ms_p50']:.1f} / {row['moe_layer_ms_p95']:.1f} / "
+            f"{row['moe_layer_ms_p99']:.1f} | {row['request_ms_p50']:.0f} / {row['request_ms_p99']:.0f} | "
+            f"{row['cold_starts']} | {row['invokes']} | {row['usd_per_1k_requests']:.4f} | {parts} |"
+        )
+    lines += ["", "## Constants and their sources", "", *(f"- {s}" for s in sources)]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
