@@ -11,7 +11,7 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[package,local,serve,predict,dev]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[package,local,serve,predict,simulate,dev]'
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -65,6 +65,7 @@ def simulate(
     from moeless.loads import load_loads
     from moeless.planner import PlanRequest, expert_shape, make_plan
     from moeless.remoe import Workload
+    from moeless.sim_plots import write_plots
     from moeless.simulator import (
         ExpertSize,
         Simulator,
@@ -111,10 +112,9 @@ def simulate(
             ),
             shape=shape,
         )
-        click.echo(f"simulating {name}: {len(replay)} requests...", err=True)
         results.append(
             Simulator(planned, sorted(loads.layers), size, model, oracle=name == "oracle").run(
-                replay, duration
+                replay, duration, progress=True
             )
         )
     header = [
@@ -124,4 +124,6 @@ def simulate(
         f"- policies: {policies}; workers {workers}",
     ]
     write_report(results, output, header, model.sources())
+    plots = write_plots(results, output, bin_s=max(1.0, duration / 30))
     click.echo((output / "report.md").read_text())
+    click.echo("plots: " + ", ".join(str(p) for p in plots))

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from tqdm import tqdm
 
 from moeless.cost_model import CostModel
 from moeless.loads import Loads, shares
@@ -113,6 +114,11 @@ class PolicyResult:
     usd: dict[str, float] = field(default_factory=dict)
     duration_s: float = 0.0
     requests: int = 0
+    provisioned: int = 0
+    # timelines for the plots: (start, end) of every busy instance or worker interval, and
+    # (time, replica id, tokens) of every piece served
+    busy: list[tuple[float, float]] = field(default_factory=list)
+    pieces: list[tuple[float, str, int]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
         def pct(values: list[float], q: float) -> float:
@@ -187,17 +193,29 @@ class Simulator:
                 self.replica_functions.setdefault((layer, expert), []).append(spec.name)
         self.workers_free_at = [0.0] * (plan.workers or 1)
 
-    def run(self, requests: list[Request], duration_s: float) -> PolicyResult:
+    def run(self, requests: list[Request], duration_s: float, progress: bool = False) -> PolicyResult:
         result = PolicyResult(
-            "oracle" if self.oracle else self.plan.policy, duration_s=duration_s, requests=len(requests)
+            "oracle" if self.oracle else self.plan.policy,
+            duration_s=duration_s,
+            requests=len(requests),
+            provisioned=0 if self.serverful else sum(f.provisioned for f in self.functions.values()),
         )
         usd = dict.fromkeys(("requests", "duration", "provisioned", "gpu"), 0.0)
         # events: (time_s, request index, step, layer index)
         events = [(r.arrival_s, i, 0, 0) for i, r in enumerate(requests)]
         heapq.heapify(events)
         finished_at = [0.0] * len(requests)
+        total = sum(len(r.steps) for r in requests) * len(self.layers)
+        bar = tqdm(
+            total=total,
+            desc=f"simulating {result.policy}",
+            unit="layer",
+            disable=not progress,
+            mininterval=0.5,
+        )
         while events:
             now, i, step, layer_index = heapq.heappop(events)
+            bar.update()
             request = requests[i]
             routing = request.steps[step][layer_index]
             latency_ms = self._layer(now, self.layers[layer_index], routing, result, usd)
@@ -212,6 +230,7 @@ class Simulator:
                 heapq.heappush(events, (done, i, step + 1, 0))
             else:
                 finished_at[i] = done
+        bar.close()
         result.request_latency_ms = [(finished_at[i] - r.arrival_s) * 1e3 for i, r in enumerate(requests)]
         span = max([duration_s, *finished_at])
         if self.serverful:
@@ -245,15 +264,20 @@ class Simulator:
             if placement.placement == "backbone":
                 slowest = max(slowest, self._compute_ms(tokens, None))
             elif self.serverful:
-                for n, worker in zip(pieces, placement.workers or [0] * len(pieces), strict=False):
+                for k, (n, worker) in enumerate(
+                    zip(pieces, placement.workers or [0] * len(pieces), strict=False)
+                ):
                     start = max(now, self.workers_free_at[worker])
                     end = start + self._compute_ms(n, None) / 1e3
                     self.workers_free_at[worker] = end
                     slowest = max(slowest, (end - now) * 1e3)
+                    result.busy.append((start, end))
+                    result.pieces.append((now, f"{layer}/{expert}/{k}", n))
             else:
                 names = self.replica_functions[(layer, expert)]
                 for k, n in enumerate(pieces):
                     slowest = max(slowest, self._invoke(now, names[k % len(names)], n, result, usd))
+                    result.pieces.append((now, f"{layer}/{expert}/{k}", n))
         return slowest
 
     def _invoke(
@@ -295,6 +319,7 @@ class Simulator:
         )
         billed = math.ceil(compute + cold_ms)
         usd["duration"] += billed / 1e3 * function.memory_mb / 1024 * rate
+        result.busy.append((start, start + busy_ms / 1e3))
         return (start - now) * 1e3 + busy_ms
 
 

@@ -154,6 +154,7 @@ def test_simulate_command_writes_the_report(tmp_path):
         assert f"| {policy} |" in report
     assert "Constants and their sources" in report
     assert (tmp_path / "r" / "results.csv").read_text().count("\n") == 5
+    assert (tmp_path / "r" / "latency_cdf.png").is_file() and (tmp_path / "r" / "concurrency.png").is_file()
     bad = CliRunner().invoke(
         cli,
         [
@@ -180,3 +181,19 @@ def test_trace_replay_keeps_the_recorded_routing(tiny, tmp_path):
     first = trace.prompts[0]
     assert len(replay[0].steps) == 1 + first["generated_tokens"]
     assert sum(replay[0].steps[0][0].values()) == first["prompt_tokens"] * 2
+
+
+def test_plot_series_and_files(tmp_path):
+    from moeless.sim_plots import concurrency_over_time, load_cv_over_time, write_plots
+    from moeless.simulator import PolicyResult
+
+    result = PolicyResult("p", duration_s=20.0, requests=1, request_latency_ms=[5.0], usd={"gpu": 1.0})
+    result.busy = [(0.0, 5.0), (2.5, 7.5)]  # 10 instance-seconds in the first 10 s bin
+    result.pieces = [(1.0, "a", 6), (2.0, "b", 2), (15.0, "a", 4), (16.0, "b", 4)]
+    times, busy = concurrency_over_time(result, 10.0)
+    assert list(times[:2]) == [0.0, 10.0] and busy[0] == pytest.approx(1.0) and busy[1] == 0
+    _, cv = load_cv_over_time(result, 10.0)
+    assert cv[0] == pytest.approx(0.5) and cv[1] == pytest.approx(0.0)
+    names = [p.name for p in write_plots([result], tmp_path)]
+    assert names == ["latency_cdf.png", "cost_breakdown.png", "load_cv.png", "concurrency.png"]
+    assert all((tmp_path / n).stat().st_size > 1000 for n in names)
