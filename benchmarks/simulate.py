@@ -9,23 +9,22 @@ Two workloads, both with Mixtral-8x7B-sized experts (4096 x 14336, 705 MB fp32):
   * routing: Mixtral-8x7B's own routing statistics on C4 (../shared/data/routing/mistral_c4.json,
     layers 0/7/15), tokens sampled from them, 128 prompt + 64 output tokens per request.
 Rates: poisson 0.2/s (low), poisson 2/s (medium), bursty 1/s mean with 1.8x peaks in 60 s cycles.
-Policies: static (4 always-on g5.xlarge GPU workers), moeless (4 workers, 1.25E slots, functions),
-remoe (backbone-resident vs functions, 12 GB), oracle (moeless's plan with every replica warm).
+Policies: static (4 always-on g5.xlarge GPU workers), static-replicated (the same fleet with
+load-aware replication, 1.25E slots), moeless (that replication on functions), remoe
+(backbone-resident vs functions, 12 GB), oracle (moeless's plan with every replica warm).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 from pathlib import Path
 
 import numpy as np
 
 from moeless.cost_model import CostModel
 from moeless.loads import load_loads
-from moeless.planner import PlanRequest, make_plan
-from moeless.remoe import ExpertShape, Workload
-from moeless.simulator import ExpertSize, Simulator, arrivals, requests_from_trace, sample_requests
+from moeless.remoe import ExpertShape
+from moeless.simulator import POLICIES, arrivals, requests_from_trace, sample_requests, simulate_policy
 from moeless.trace import load_trace
 
 REPO = Path(__file__).resolve().parent.parent
@@ -61,34 +60,17 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     model = CostModel()
-    size = ExpertSize(MIXTRAL.hidden, MIXTRAL.intermediate, MIXTRAL.weight_bytes)
     print(
-        f"{'workload':<8} {'rate':<7} {'policy':<8} | {'requests':>8} | {'$ / 1k req':>10} | "
+        f"{'workload':<8} {'rate':<7} {'policy':<17} | {'requests':>8} | {'$ / 1k req':>10} | "
         f"{'MoE layer p50 / p99 ms':>22} | {'request p99 s':>13} | {'cold':>5}"
     )
     for source, rate, loads, top_k, replay in workloads(args.duration, args.seed):
-        experts = loads.num_experts
-        slots = math.ceil(1.25 * experts / WORKERS) * WORKERS
-        options = {
-            "static": {"workers": WORKERS},
-            "moeless": {"workers": WORKERS, "slots": slots},
-            "remoe": {"memory_gb": 12.0},
-            "oracle": {"workers": WORKERS, "slots": slots},
-        }
-        for policy, extra in options.items():
-            plan = make_plan(
-                loads,
-                PlanRequest(
-                    "moeless" if policy == "oracle" else policy, workload=Workload(top_k=top_k), **extra
-                ),
-                shape=MIXTRAL,
-            )
-            result = Simulator(plan, sorted(loads.layers), size, model, oracle=policy == "oracle").run(
-                replay, args.duration
-            )
-            s = result.summary()
+        for policy in POLICIES:
+            s = simulate_policy(
+                policy, loads, top_k, MIXTRAL, WORKERS, replay, args.duration, model
+            ).summary()
             print(
-                f"{source:<8} {rate:<7} {policy:<8} | {s['requests']:>8} | "
+                f"{source:<8} {rate:<7} {policy:<17} | {s['requests']:>8} | "
                 f"{s['usd_per_1k_requests']:10.3f} | "
                 f"{s['moe_layer_ms_p50']:9.1f} / {s['moe_layer_ms_p99']:9.1f} | "
                 f"{s['request_ms_p99'] / 1e3:13.1f} | {s['cold_starts']:>5}"

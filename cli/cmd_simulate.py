@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import click
@@ -21,7 +20,12 @@ import click
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Or sample each token's experts from these loads.",
 )
-@click.option("--policies", default="static,moeless,remoe,oracle", show_default=True)
+@click.option(
+    "--policies",
+    default="static,static-replicated,moeless,remoe,oracle",
+    show_default=True,
+    help="Any of static, static-replicated, moeless, remoe, oracle.",
+)
 @click.option(
     "--arrival",
     default="poisson:2",
@@ -63,15 +67,14 @@ def simulate(
 
     from moeless.cost_model import CostModel
     from moeless.loads import load_loads
-    from moeless.planner import PlanRequest, expert_shape, make_plan
-    from moeless.remoe import Workload
+    from moeless.planner import expert_shape
     from moeless.sim_plots import write_plots
     from moeless.simulator import (
-        ExpertSize,
-        Simulator,
+        POLICIES,
         arrivals,
         requests_from_trace,
         sample_requests,
+        simulate_policy,
         write_report,
     )
     from moeless.trace import load_trace
@@ -92,30 +95,16 @@ def simulate(
         top_k = loads.top_k or 2
         replay = sample_requests(loads, times, top_k, prompt_tokens, output_tokens, rng)
     shape, source = expert_shape(loads, None, hidden, intermediate)
-    size = ExpertSize(shape.hidden, shape.intermediate, shape.weight_bytes)
     model = CostModel()
     experts = loads.num_experts
-    options = {
-        "static": {"workers": workers},
-        "moeless": {"workers": workers, "slots": math.ceil(1.25 * experts / workers) * workers},
-        "remoe": {},
-        "oracle": {"workers": workers, "slots": math.ceil(1.25 * experts / workers) * workers},
-    }
     results = []
     for name in [p.strip() for p in policies.split(",") if p.strip()]:
-        if name not in options:
-            raise click.BadParameter(f"unknown policy {name!r}", param_hint="--policies")
-        planned = make_plan(
-            loads,
-            PlanRequest(
-                "moeless" if name == "oracle" else name, workload=Workload(top_k=top_k), **options[name]
-            ),
-            shape=shape,
-        )
-        results.append(
-            Simulator(planned, sorted(loads.layers), size, model, oracle=name == "oracle").run(
-                replay, duration, progress=True
+        if name not in POLICIES:
+            raise click.BadParameter(
+                f"unknown policy {name!r}; choose from {', '.join(POLICIES)}", param_hint="--policies"
             )
+        results.append(
+            simulate_policy(name, loads, top_k, shape, workers, replay, duration, model, progress=True)
         )
     header = [
         f"- requests: {len(replay)} ({arrival} for {duration:.0f} s, seed {seed}), from "

@@ -159,6 +159,7 @@ class Simulator:
         size: the experts' shape (compute time and cold start from the cost model).
         model: latency and price inputs.
         oracle: knows each step's loads: every replica it needs is warm and free (the bound).
+        serverful: the plan's workers are always-on GPUs (default: for the ``static`` policy).
     """
 
     def __init__(
@@ -170,6 +171,7 @@ class Simulator:
         oracle: bool = False,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         backbone_ms_per_layer: float = 0.05,
+        serverful: bool | None = None,
     ) -> None:
         self.plan = plan
         self.layers = layers
@@ -178,7 +180,7 @@ class Simulator:
         self.oracle = oracle
         self.idle_timeout_s = idle_timeout_s
         self.backbone_ms_per_layer = backbone_ms_per_layer
-        self.serverful = plan.policy == "static"
+        self.serverful = plan.policy == "static" if serverful is None else serverful
         self.placement = {(p.layer, p.expert): p for p in plan.experts}
         specs = {f.name: f for f in plan.functions}
         self.functions = {
@@ -374,15 +376,67 @@ def write_report(results: list[PolicyResult], out_dir: Any, header: list[str], s
         *header,
         "",
         "| policy | MoE layer p50 / p95 / p99 ms | request p50 / p99 ms | cold starts | invokes | "
-        "$ per 1k requests | " + " | ".join(f"$ {c}" for c in components) + " |",
-        "|---|---:|---:|---:|---:|---:|" + "---:|" * len(components),
+        "$ per 1k requests | $ x p99 s | " + " | ".join(f"$ {c}" for c in components) + " |",
+        "|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(components),
     ]
     for row in rows:
         parts = " | ".join(f"{row['usd_per_1k_by_component'].get(c, 0.0):.4f}" for c in components)
         lines.append(
             f"| {row['policy']} | {row['moe_layer_ms_p50']:.1f} / {row['moe_layer_ms_p95']:.1f} / "
             f"{row['moe_layer_ms_p99']:.1f} | {row['request_ms_p50']:.0f} / {row['request_ms_p99']:.0f} | "
-            f"{row['cold_starts']} | {row['invokes']} | {row['usd_per_1k_requests']:.4f} | {parts} |"
+            f"{row['cold_starts']} | {row['invokes']} | {row['usd_per_1k_requests']:.4f} | "
+            f"{row['cost_x_p99_latency']:.3f} | {parts} |"
         )
     lines += ["", "## Constants and their sources", "", *(f"- {s}" for s in sources)]
     (out / "report.md").write_text("\n".join(lines) + "\n")
+
+
+# policy -> (planner policy, its options given W workers and E experts, serverful, oracle)
+POLICIES = {
+    "static": ("static", lambda w, e: {"workers": w}, True, False),
+    "static-replicated": (
+        "moeless",
+        lambda w, e: {"workers": w, "slots": math.ceil(1.25 * e / w) * w},
+        True,
+        False,
+    ),
+    "moeless": ("moeless", lambda w, e: {"workers": w, "slots": math.ceil(1.25 * e / w) * w}, False, False),
+    "remoe": ("remoe", lambda w, e: {"memory_gb": 12.0}, False, False),
+    "oracle": ("moeless", lambda w, e: {"workers": w, "slots": math.ceil(1.25 * e / w) * w}, False, True),
+}
+
+
+def simulate_policy(
+    name: str,
+    loads: Loads,
+    top_k: int,
+    shape: Any,
+    workers: int,
+    replay: list[Request],
+    duration_s: float,
+    model: CostModel,
+    progress: bool = False,
+) -> PolicyResult:
+    """Plan ``name`` for ``loads`` and replay the requests through it.
+
+    ``static`` and ``static-replicated`` (load-aware replication, 1.25E slots) are serverful GPU
+    fleets of ``workers``; ``moeless`` puts the same replication on functions; ``remoe`` plans
+    backbone vs functions within 12 GB; ``oracle`` is moeless's plan with every replica warm.
+    """
+    from moeless.planner import PlanRequest, make_plan
+    from moeless.remoe import Workload
+
+    if name not in POLICIES:
+        raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
+    planner_policy, options, serverful, oracle = POLICIES[name]
+    plan = make_plan(
+        loads,
+        PlanRequest(planner_policy, workload=Workload(top_k=top_k), **options(workers, loads.num_experts)),
+        shape=shape,
+    )
+    size = ExpertSize(shape.hidden, shape.intermediate, shape.weight_bytes)
+    result = Simulator(plan, sorted(loads.layers), size, model, oracle=oracle, serverful=serverful).run(
+        replay, duration_s, progress
+    )
+    result.policy = name
+    return result

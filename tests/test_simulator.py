@@ -150,10 +150,10 @@ def test_simulate_command_writes_the_report(tmp_path):
     )
     assert result.exit_code == 0, result.output
     report = (tmp_path / "r" / "report.md").read_text()
-    for policy in ("static", "moeless", "remoe", "oracle"):
+    for policy in ("static", "static-replicated", "moeless", "remoe", "oracle"):
         assert f"| {policy} |" in report
     assert "Constants and their sources" in report
-    assert (tmp_path / "r" / "results.csv").read_text().count("\n") == 5
+    assert (tmp_path / "r" / "results.csv").read_text().count("\n") == 6
     assert (tmp_path / "r" / "latency_cdf.png").is_file() and (tmp_path / "r" / "concurrency.png").is_file()
     bad = CliRunner().invoke(
         cli,
@@ -197,3 +197,20 @@ def test_plot_series_and_files(tmp_path):
     names = [p.name for p in write_plots([result], tmp_path)]
     assert names == ["latency_cdf.png", "cost_breakdown.png", "load_cv.png", "concurrency.png"]
     assert all((tmp_path / n).stat().st_size > 1000 for n in names)
+
+
+def test_simulation_is_deterministic_for_a_seed_and_serverful_replication_balances_workers():
+    from moeless.remoe import ExpertShape
+    from moeless.simulator import simulate_policy
+
+    shape = ExpertShape(SIZE.hidden, SIZE.intermediate, SIZE.weight_bytes)
+    runs = [
+        simulate_policy("moeless", LOADS, 2, shape, 4, requests(seed=3), 10.0, CostModel()).summary()
+        for _ in range(2)
+    ]
+    assert runs[0] == runs[1]
+    replay = requests(rate=20.0, seed=4)
+    plain = simulate_policy("static", LOADS, 2, shape, 4, replay, 10.0, CostModel()).summary()
+    replicated = simulate_policy("static-replicated", LOADS, 2, shape, 4, replay, 10.0, CostModel()).summary()
+    assert replicated["usd_per_1k_requests"] == pytest.approx(plain["usd_per_1k_requests"])  # same fleet
+    assert replicated["moe_layer_ms_p99"] <= plain["moe_layer_ms_p99"]
