@@ -35,6 +35,12 @@ import click
 @click.option("--duration", type=click.FloatRange(0, min_open=True), default=60.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
+    "--replan",
+    "replan_s",
+    type=click.FloatRange(0, min_open=True),
+    help="Serverless policies re-plan from each window of this many seconds [never].",
+)
+@click.option(
     "--workers",
     type=click.IntRange(1),
     default=4,
@@ -55,6 +61,7 @@ def simulate(
     arrival: str,
     duration: float,
     seed: int,
+    replan_s: float | None,
     workers: int,
     hidden: int | None,
     intermediate: int | None,
@@ -104,13 +111,14 @@ def simulate(
                 f"unknown policy {name!r}; choose from {', '.join(POLICIES)}", param_hint="--policies"
             )
         results.append(
-            simulate_policy(name, loads, top_k, shape, workers, replay, duration, model, progress=True)
+            simulate_policy(name, loads, top_k, shape, workers, replay, duration, model, True, replan_s)
         )
     header = [
         f"- requests: {len(replay)} ({arrival} for {duration:.0f} s, seed {seed}), from "
         f"{trace_dir or loads_path}",
         f"- experts: {experts} per layer, top-{top_k}, {shape.hidden} x {shape.intermediate} ({source})",
-        f"- policies: {policies}; workers {workers}",
+        f"- policies: {policies}; workers {workers}; re-planning "
+        + (f"every {replan_s:.0f} s" if replan_s else "off"),
     ]
     write_report(results, output, header, model.sources())
     plots = write_plots(results, output, bin_s=max(1.0, duration / 30))

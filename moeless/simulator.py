@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import heapq
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,6 +116,7 @@ class PolicyResult:
     duration_s: float = 0.0
     requests: int = 0
     provisioned: int = 0
+    replans: int = 0
     # timelines for the plots: (start, end) of every busy instance or worker interval, and
     # (time, replica id, tokens) of every piece served
     busy: list[tuple[float, float]] = field(default_factory=list)
@@ -137,6 +139,7 @@ class PolicyResult:
             "request_ms_p99": pct(self.request_latency_ms, 99),
             "cold_starts": self.cold_starts,
             "invokes": self.invokes,
+            "replans": self.replans,
             "usd_per_1k_requests": per_1k,
             "usd_per_1k_by_component": {k: 1000 * v / max(self.requests, 1) for k, v in self.usd.items()},
             "cost_x_p99_latency": per_1k * pct(self.request_latency_ms, 99) / 1000,
@@ -160,6 +163,9 @@ class Simulator:
         model: latency and price inputs.
         oracle: knows each step's loads: every replica it needs is warm and free (the bound).
         serverful: the plan's workers are always-on GPUs (default: for the ``static`` policy).
+        replan: called every ``replan_s`` simulated seconds with the loads seen in that window; its
+            plan replaces the current one (instances of functions it keeps stay; provisioned
+            instances it adds are ready after a cold start).
     """
 
     def __init__(
@@ -172,6 +178,8 @@ class Simulator:
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         backbone_ms_per_layer: float = 0.05,
         serverful: bool | None = None,
+        replan: Callable[[Loads], Plan] | None = None,
+        replan_s: float = 60.0,
     ) -> None:
         self.plan = plan
         self.layers = layers
@@ -194,6 +202,42 @@ class Simulator:
             for layer, expert in spec.experts:
                 self.replica_functions.setdefault((layer, expert), []).append(spec.name)
         self.workers_free_at = [0.0] * (plan.workers or 1)
+        self.replan = replan
+        self.replan_s = replan_s
+        self.replans = 0
+        self._provisioned_usd = 0.0
+        self._provisioned_since = 0.0
+
+    def _provisioned_rate(self) -> float:
+        if self.serverful:
+            return 0.0
+        return sum(
+            self.model.provisioned_usd_per_s(f.memory_mb, f.provisioned) for f in self.functions.values()
+        )
+
+    def _apply(self, plan: Plan, now: float) -> None:
+        """Switch to ``plan`` at ``now``: keep the instances of functions it keeps."""
+        self._provisioned_usd += self._provisioned_rate() * (now - self._provisioned_since)
+        self._provisioned_since = now
+        ready = now + self.model.cold_start_ms(self.size.weight_bytes) / 1e3
+        functions = {}
+        for spec in plan.functions:
+            function = self.functions.get(spec.name) or _Function(spec.memory_mb, 0, [], [])
+            function.memory_mb = spec.memory_mb
+            extra = spec.provisioned_concurrency - len(function.provisioned_free_at)
+            function.provisioned_free_at = function.provisioned_free_at[: spec.provisioned_concurrency] + [
+                ready
+            ] * max(0, extra)
+            function.provisioned = spec.provisioned_concurrency
+            functions[spec.name] = function
+        self.plan = plan
+        self.functions = functions
+        self.placement = {(p.layer, p.expert): p for p in plan.experts}
+        self.replica_functions = {}
+        for spec in plan.functions:
+            for layer, expert in spec.experts:
+                self.replica_functions.setdefault((layer, expert), []).append(spec.name)
+        self.replans += 1
 
     def run(self, requests: list[Request], duration_s: float, progress: bool = False) -> PolicyResult:
         result = PolicyResult(
@@ -215,9 +259,17 @@ class Simulator:
             disable=not progress,
             mininterval=0.5,
         )
+        experts = 1 + max(expert for _, expert in self.placement)
+        window = {layer: np.zeros(experts) for layer in self.layers}
+        next_replan = self.replan_s
         while events:
             now, i, step, layer_index = heapq.heappop(events)
             bar.update()
+            if self.replan is not None and now >= next_replan:
+                if any(counts.sum() for counts in window.values()):
+                    self._apply(self.replan(Loads({k: v.copy() for k, v in window.items()})), now)
+                window = {layer: np.zeros(experts) for layer in self.layers}
+                next_replan = now + self.replan_s
             request = requests[i]
             routing = request.steps[step][layer_index]
             latency_ms = self._layer(now, self.layers[layer_index], routing, result, usd)
@@ -225,6 +277,7 @@ class Simulator:
             for expert, tokens in routing.items():
                 key = (self.layers[layer_index], expert)
                 result.tokens_served[key] = result.tokens_served.get(key, 0) + tokens
+                window[key[0]][expert] += tokens
             done = now + (latency_ms + self.backbone_ms_per_layer) / 1e3
             if layer_index + 1 < len(self.layers):
                 heapq.heappush(events, (done, i, step, layer_index + 1))
@@ -233,16 +286,16 @@ class Simulator:
             else:
                 finished_at[i] = done
         bar.close()
+        result.replans = self.replans
         result.request_latency_ms = [(finished_at[i] - r.arrival_s) * 1e3 for i, r in enumerate(requests)]
         span = max([duration_s, *finished_at])
         if self.serverful:
             usd["gpu"] = (self.plan.workers or 1) * self.model.gpu.hourly_usd / 3600 * span
         else:
             usd["gpu"] = self.model.gpu.hourly_usd / 3600 * span  # the backbone's GPU
-            for function in self.functions.values():
-                usd["provisioned"] += (
-                    self.model.provisioned_usd_per_s(function.memory_mb, function.provisioned) * span
-                )
+            usd["provisioned"] = self._provisioned_usd + self._provisioned_rate() * (
+                span - self._provisioned_since
+            )
         result.usd = usd
         return result
 
@@ -416,8 +469,11 @@ def simulate_policy(
     duration_s: float,
     model: CostModel,
     progress: bool = False,
+    replan_s: float | None = None,
 ) -> PolicyResult:
     """Plan ``name`` for ``loads`` and replay the requests through it.
+
+    With ``replan_s`` the serverless policies re-plan from the loads of each window of that length.
 
     ``static`` and ``static-replicated`` (load-aware replication, 1.25E slots) are serverful GPU
     fleets of ``workers``; ``moeless`` puts the same replication on functions; ``remoe`` plans
@@ -429,14 +485,25 @@ def simulate_policy(
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose from {', '.join(POLICIES)}")
     planner_policy, options, serverful, oracle = POLICIES[name]
-    plan = make_plan(
-        loads,
-        PlanRequest(planner_policy, workload=Workload(top_k=top_k), **options(workers, loads.num_experts)),
-        shape=shape,
+    request = PlanRequest(
+        planner_policy, workload=Workload(top_k=top_k), **options(workers, loads.num_experts)
     )
+    plan = make_plan(loads, request, shape=shape)
     size = ExpertSize(shape.hidden, shape.intermediate, shape.weight_bytes)
-    result = Simulator(plan, sorted(loads.layers), size, model, oracle=oracle, serverful=serverful).run(
-        replay, duration_s, progress
-    )
+
+    def replan(window: Loads) -> Plan:
+        return make_plan(window, request, shape=shape)
+
+    use_replan = replan_s is not None and not serverful and not oracle
+    result = Simulator(
+        plan,
+        sorted(loads.layers),
+        size,
+        model,
+        oracle=oracle,
+        serverful=serverful,
+        replan=replan if use_replan else None,
+        replan_s=replan_s or 60.0,
+    ).run(replay, duration_s, progress)
     result.policy = name
     return result

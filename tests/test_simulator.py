@@ -214,3 +214,33 @@ def test_simulation_is_deterministic_for_a_seed_and_serverful_replication_balanc
     replicated = simulate_policy("static-replicated", LOADS, 2, shape, 4, replay, 10.0, CostModel()).summary()
     assert replicated["usd_per_1k_requests"] == pytest.approx(plain["usd_per_1k_requests"])  # same fleet
     assert replicated["moe_layer_ms_p99"] <= plain["moe_layer_ms_p99"]
+
+
+def test_replanning_switches_plans_and_integrates_provisioned_cost():
+    model = CostModel()
+    first = one_function_per_expert_plan()
+    for spec in first.functions:
+        spec.provisioned_concurrency = 1 if spec.name == "moeless-l000-e000" else 0
+    second = one_function_per_expert_plan()
+    switched = []
+
+    def replan(window):
+        switched.append(window)
+        return second
+
+    replay = [Request(0.0, [[{0: 2}, {2: 2}]]), Request(6.0, [[{0: 2}, {2: 2}]])]
+    sim = Simulator(first, [0, 1], SIZE, model, replan=replan, replan_s=5.0)
+    result = sim.run(replay, 10.0)
+    assert result.replans == 1 and switched[0].layers[0][0] == 2  # the window saw the first request
+    memory = first.functions[0].memory_mb
+    assert result.usd["provisioned"] == pytest.approx(model.provisioned_usd_per_s(memory, 1) * 6.0)
+    replayed = requests(rate=4.0)
+    from moeless.remoe import ExpertShape
+    from moeless.simulator import simulate_policy
+
+    shape = ExpertShape(SIZE.hidden, SIZE.intermediate, SIZE.weight_bytes)
+    live = simulate_policy("moeless", LOADS, 2, shape, 4, replayed, 10.0, model, replan_s=2.0)
+    assert live.replans >= 3
+    assert sum(live.tokens_served.values()) == sum(
+        t for r in replayed for step in r.steps for routing in step for t in routing.values()
+    )
