@@ -35,6 +35,9 @@ import click
 @click.option("--duration", type=click.FloatRange(0, min_open=True), default=60.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
 @click.option(
+    "--no-predictors", is_flag=True, help="moeless and remoe run without pre-warming from their predictors."
+)
+@click.option(
     "--replan",
     "replan_s",
     type=click.FloatRange(0, min_open=True),
@@ -61,6 +64,7 @@ def simulate(
     arrival: str,
     duration: float,
     seed: int,
+    no_predictors: bool,
     replan_s: float | None,
     workers: int,
     hidden: int | None,
@@ -111,14 +115,17 @@ def simulate(
                 f"unknown policy {name!r}; choose from {', '.join(POLICIES)}", param_hint="--policies"
             )
         results.append(
-            simulate_policy(name, loads, top_k, shape, workers, replay, duration, model, True, replan_s)
+            simulate_policy(
+                name, loads, top_k, shape, workers, replay, duration, model, True, replan_s, not no_predictors
+            )
         )
     header = [
         f"- requests: {len(replay)} ({arrival} for {duration:.0f} s, seed {seed}), from "
         f"{trace_dir or loads_path}",
         f"- experts: {experts} per layer, top-{top_k}, {shape.hidden} x {shape.intermediate} ({source})",
         f"- policies: {policies}; workers {workers}; re-planning "
-        + (f"every {replan_s:.0f} s" if replan_s else "off"),
+        + (f"every {replan_s:.0f} s" if replan_s else "off")
+        + ("; predictors off" if no_predictors else "; moeless and remoe pre-warm from their predictors"),
     ]
     write_report(results, output, header, model.sources())
     plots = write_plots(results, output, bin_s=max(1.0, duration / 30))

@@ -100,6 +100,18 @@ class _Function:
     provisioned: int
     free_at: list[float] = field(default_factory=list)  # per instance: when it is next idle
     provisioned_free_at: list[float] = field(default_factory=list)
+    warming: list[float] = field(default_factory=list)  # pre-warmed instances: when their init ends
+
+
+@dataclass(frozen=True)
+class PrewarmModel:
+    """A predictor's effect: each function a step will need was predicted (and pre-warmed) with
+    probability ``hit_rate``, ``lead`` ahead: ``"request"`` (at arrival, every layer: SPS) or
+    ``"layer"`` (at layer l, for layer l+1: the layer-aware predictor at d = 1)."""
+
+    hit_rate: float
+    lead: str
+    seed: int = 0
 
 
 @dataclass
@@ -117,6 +129,8 @@ class PolicyResult:
     requests: int = 0
     provisioned: int = 0
     replans: int = 0
+    prewarms: int = 0
+    waited_for_warmup: int = 0
     # timelines for the plots: (start, end) of every busy instance or worker interval, and
     # (time, replica id, tokens) of every piece served
     busy: list[tuple[float, float]] = field(default_factory=list)
@@ -140,6 +154,7 @@ class PolicyResult:
             "cold_starts": self.cold_starts,
             "invokes": self.invokes,
             "replans": self.replans,
+            "prewarms": self.prewarms,
             "usd_per_1k_requests": per_1k,
             "usd_per_1k_by_component": {k: 1000 * v / max(self.requests, 1) for k, v in self.usd.items()},
             "cost_x_p99_latency": per_1k * pct(self.request_latency_ms, 99) / 1000,
@@ -180,6 +195,7 @@ class Simulator:
         serverful: bool | None = None,
         replan: Callable[[Loads], Plan] | None = None,
         replan_s: float = 60.0,
+        prewarm: PrewarmModel | None = None,
     ) -> None:
         self.plan = plan
         self.layers = layers
@@ -204,6 +220,8 @@ class Simulator:
         self.workers_free_at = [0.0] * (plan.workers or 1)
         self.replan = replan
         self.replan_s = replan_s
+        self.prewarm = prewarm
+        self._prewarm_rng = np.random.default_rng(prewarm.seed if prewarm else 0)
         self.replans = 0
         self._provisioned_usd = 0.0
         self._provisioned_since = 0.0
@@ -272,6 +290,15 @@ class Simulator:
                 next_replan = now + self.replan_s
             request = requests[i]
             routing = request.steps[step][layer_index]
+            if self.prewarm is not None and not self.serverful and not self.oracle:
+                if self.prewarm.lead == "request" and step == 0 and layer_index == 0:
+                    for s in request.steps:
+                        for index, future in enumerate(s):
+                            self._prewarm(now, self.layers[index], future, result, usd)
+                elif self.prewarm.lead == "layer" and layer_index + 1 < len(self.layers):
+                    self._prewarm(
+                        now, self.layers[layer_index + 1], request.steps[step][layer_index + 1], result, usd
+                    )
             latency_ms = self._layer(now, self.layers[layer_index], routing, result, usd)
             result.layer_latency_ms.append(latency_ms)
             for expert, tokens in routing.items():
@@ -335,6 +362,32 @@ class Simulator:
                     result.pieces.append((now, f"{layer}/{expert}/{k}", n))
         return slowest
 
+    def _prewarm(
+        self, now: float, layer: int, routing: dict[int, int], result: PolicyResult, usd: dict[str, float]
+    ) -> None:
+        """Pre-warm the functions of the predicted part of ``routing`` that have no idle instance."""
+        for expert in routing:
+            if self._prewarm_rng.random() >= self.prewarm.hit_rate:
+                continue
+            placement = self.placement[(layer, expert)]
+            if placement.placement == "backbone":
+                continue
+            for name in self.replica_functions.get((layer, expert), []):
+                function = self.functions[name]
+                function.warming = [t for t in function.warming if now - t <= self.idle_timeout_s]
+                idle = any(t <= now for t in function.provisioned_free_at) or any(
+                    t <= now and now - t <= self.idle_timeout_s for t in function.free_at
+                )
+                if idle or function.warming:
+                    continue
+                cold_ms = self.model.cold_start_ms(self.size.weight_bytes)
+                function.warming.append(now + cold_ms / 1e3)
+                result.prewarms += 1
+                usd["requests"] += self.model.prices.per_request
+                usd["duration"] += (
+                    math.ceil(cold_ms) / 1e3 * function.memory_mb / 1024 * self.model.prices.per_gb_second
+                )
+
     def _invoke(
         self, now: float, name: str, tokens: int, result: PolicyResult, usd: dict[str, float]
     ) -> float:
@@ -360,6 +413,14 @@ class Simulator:
                 if idle:
                     k = max(idle, key=lambda j: function.free_at[j])
                     start = now
+                elif function.warming and now - min(function.warming) <= self.idle_timeout_s:
+                    # a pre-warmed instance: wait for its init rather than starting another
+                    ready = min(function.warming)
+                    function.warming.remove(ready)
+                    result.waited_for_warmup += 1
+                    function.free_at.append(0.0)
+                    k = len(function.free_at) - 1
+                    start = max(now, ready)
                 else:
                     cold_ms = self.model.cold_start_ms(self.size.weight_bytes)
                     result.cold_starts += 1
@@ -444,6 +505,13 @@ def write_report(results: list[PolicyResult], out_dir: Any, header: list[str], s
     (out / "report.md").write_text("\n".join(lines) + "\n")
 
 
+# The predictors' measured accuracy (benchmarks/predictors.py, README): the layer-aware predictor's
+# hit rate at d = 1 for moeless, SPS's request-level set recall for remoe.
+PREDICTORS = {
+    "moeless": PrewarmModel(hit_rate=0.890, lead="layer"),
+    "remoe": PrewarmModel(hit_rate=0.639, lead="request"),
+}
+
 # policy -> (planner policy, its options given W workers and E experts, serverful, oracle)
 POLICIES = {
     "static": ("static", lambda w, e: {"workers": w}, True, False),
@@ -470,10 +538,12 @@ def simulate_policy(
     model: CostModel,
     progress: bool = False,
     replan_s: float | None = None,
+    predictors: bool = True,
 ) -> PolicyResult:
     """Plan ``name`` for ``loads`` and replay the requests through it.
 
-    With ``replan_s`` the serverless policies re-plan from the loads of each window of that length.
+    With ``replan_s`` the serverless policies re-plan from the loads of each window of that length;
+    with ``predictors`` moeless and remoe pre-warm what their predictor foresees (``PREDICTORS``).
 
     ``static`` and ``static-replicated`` (load-aware replication, 1.25E slots) are serverful GPU
     fleets of ``workers``; ``moeless`` puts the same replication on functions; ``remoe`` plans
@@ -504,6 +574,7 @@ def simulate_policy(
         serverful=serverful,
         replan=replan if use_replan else None,
         replan_s=replan_s or 60.0,
+        prewarm=PREDICTORS.get(name) if predictors else None,
     ).run(replay, duration_s, progress)
     result.policy = name
     return result

@@ -244,3 +244,24 @@ def test_replanning_switches_plans_and_integrates_provisioned_cost():
     assert sum(live.tokens_served.values()) == sum(
         t for r in replayed for step in r.steps for routing in step for t in routing.values()
     )
+
+
+def test_prewarming_from_a_predictor_takes_cold_starts_off_the_path():
+    from moeless.simulator import PrewarmModel
+
+    plan = one_function_per_expert_plan()
+    # requests further apart than the idle timeout: every one meets cold functions
+    spaced = [Request(t, [[{0: 2}, {2: 2}], [{0: 1}, {3: 1}]]) for t in (0.0, 400.0, 800.0)]
+    without = Simulator(plan, [0, 1], SIZE, CostModel()).run(spaced, 900.0)
+    ahead = Simulator(plan, [0, 1], SIZE, CostModel(), prewarm=PrewarmModel(1.0, "request")).run(
+        spaced, 900.0
+    )
+    assert without.cold_starts == 9 and ahead.cold_starts == 0  # layer 0, 1, and expert 3 of the decode step
+    assert ahead.prewarms == 9 and ahead.waited_for_warmup > 0
+    assert ahead.usd["requests"] > without.usd["requests"]  # warm-ups are invokes too
+    layer = Simulator(plan, [0, 1], SIZE, CostModel(), prewarm=PrewarmModel(1.0, "layer")).run(spaced, 900.0)
+    assert 0 < layer.cold_starts < without.cold_starts  # layer 0 cannot be foreseen from inside the request
+    never = Simulator(plan, [0, 1], SIZE, CostModel(), prewarm=PrewarmModel(0.0, "request")).run(
+        spaced, 900.0
+    )
+    assert never.cold_starts == without.cold_starts and never.prewarms == 0
