@@ -11,7 +11,9 @@ Two workloads, both with Mixtral-8x7B-sized experts (4096 x 14336, 705 MB fp32):
 Rates: poisson 0.2/s (low), poisson 2/s (medium), bursty 1/s mean with 1.8x peaks in 60 s cycles.
 Policies: static (4 always-on g5.xlarge GPU workers), static-replicated (the same fleet with
 load-aware replication, 1.25E slots), moeless (that replication on functions), remoe
-(backbone-resident vs functions, 12 GB), oracle (moeless's plan with every replica warm).
+(backbone-resident vs functions, 12 GB), oracle (moeless's plan with every replica warm). The
+serverless policies pre-warm from their predictors; with --replan S they also re-plan every S
+seconds from the loads they saw.
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--duration", type=float, default=300.0)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--replan", type=float, default=None, help="re-plan interval in seconds [never]")
     args = parser.parse_args()
     model = CostModel()
     print(
@@ -67,7 +70,7 @@ def main() -> None:
     for source, rate, loads, top_k, replay in workloads(args.duration, args.seed):
         for policy in POLICIES:
             s = simulate_policy(
-                policy, loads, top_k, MIXTRAL, WORKERS, replay, args.duration, model
+                policy, loads, top_k, MIXTRAL, WORKERS, replay, args.duration, model, replan_s=args.replan
             ).summary()
             print(
                 f"{source:<8} {rate:<7} {policy:<17} | {s['requests']:>8} | "

@@ -30,7 +30,7 @@ import click
     "--arrival",
     default="poisson:2",
     show_default=True,
-    help="poisson:RATE or bursty:RATE:PEAK:PERIOD (requests per second).",
+    help="poisson:RATE, bursty:RATE:PEAK:PERIOD (requests per second) or timestamps:FILE.",
 )
 @click.option("--duration", type=click.FloatRange(0, min_open=True), default=60.0, show_default=True)
 @click.option("--seed", type=int, default=0, show_default=True)
@@ -40,8 +40,10 @@ import click
 @click.option(
     "--replan",
     "replan_s",
-    type=click.FloatRange(0, min_open=True),
-    help="Serverless policies re-plan from each window of this many seconds [never].",
+    type=click.FloatRange(0),
+    default=0.0,
+    show_default=True,
+    help="Serverless policies re-plan from each window of this many seconds (0: never).",
 )
 @click.option(
     "--workers",
@@ -116,7 +118,17 @@ def simulate(
             )
         results.append(
             simulate_policy(
-                name, loads, top_k, shape, workers, replay, duration, model, True, replan_s, not no_predictors
+                name,
+                loads,
+                top_k,
+                shape,
+                workers,
+                replay,
+                duration,
+                model,
+                True,
+                replan_s or None,
+                not no_predictors,
             )
         )
     header = [

@@ -48,9 +48,17 @@ class Request:
 
 
 def arrivals(process: str, duration_s: float, rng: np.random.Generator) -> np.ndarray:
-    """Arrival times in [0, duration): ``poisson:RATE`` or ``bursty:RATE:PEAK:PERIOD`` (on/off: half of
-    each period at PEAK x RATE, the other half at the rate that keeps the mean at RATE, floored at 0)."""
+    """Arrival times in [0, duration): ``poisson:RATE``, ``bursty:RATE:PEAK:PERIOD`` (on/off: half of
+    each period at PEAK x RATE, the other half at the rate that keeps the mean at RATE, floored at 0),
+    or ``timestamps:FILE`` (recorded arrival times in seconds, one per line)."""
     kind, _, spec = process.partition(":")
+    if kind == "timestamps" and spec:
+        try:
+            times = np.sort(np.loadtxt(spec, ndmin=1, dtype=float))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"arrival timestamps {spec!r}: {exc}") from None
+        times = times - times.min() if len(times) else times
+        return times[times < duration_s]
     values = [float(v) for v in spec.split(":") if v]
     if kind == "poisson" and len(values) == 1:
         rate = values[0]
@@ -66,7 +74,9 @@ def arrivals(process: str, duration_s: float, rng: np.random.Generator) -> np.nd
                 count = rng.poisson(level * span)
                 times.extend(start + offset + rng.uniform(0, span, count))
         return np.sort(np.asarray(times))
-    raise ValueError(f"arrival process {process!r}: use poisson:RATE or bursty:RATE:PEAK:PERIOD")
+    raise ValueError(
+        f"arrival process {process!r}: use poisson:RATE, bursty:RATE:PEAK:PERIOD or timestamps:FILE"
+    )
 
 
 def sample_requests(

@@ -118,6 +118,14 @@ def test_arrival_processes():
         arrivals("uniform:3", 1.0, rng)
 
 
+def test_recorded_arrival_timestamps(tmp_path):
+    (tmp_path / "arrivals.txt").write_text("100.5\n100.0\n107.25\n200\n")
+    times = arrivals(f"timestamps:{tmp_path / 'arrivals.txt'}", 50.0, np.random.default_rng(0))
+    assert list(times) == [0.0, 0.5, 7.25]
+    with pytest.raises(ValueError, match="timestamps"):
+        arrivals(f"timestamps:{tmp_path / 'missing.txt'}", 1.0, np.random.default_rng(0))
+
+
 def test_simulate_command_writes_the_report(tmp_path):
     import json
 
