@@ -26,7 +26,7 @@ from moeless.cost_model import CostModel
 from moeless.loads import Loads, load_loads
 from moeless.placement import balancedness, contiguous, eplb, place, replicate, worker_loads
 from moeless.planner import PlanRequest, make_plan
-from moeless.remoe import Workload, lpt
+from moeless.remoe import Workload, lpt, optimal_makespan
 
 ROUTING = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "routing"
 
@@ -65,23 +65,6 @@ def balance_table() -> None:
                     f"{model:<30} {workers:>2} {slots:>4} | {mean['static']:7.4f} {mean['eplb']:7.4f} "
                     f"{mean['moeless']:8.4f} | {mean['moeless'] - mean['eplb']:+8.4f}"
                 )
-
-
-def optimal_makespan(times: list[int], workers: int) -> int:
-    from ortools.sat.python import cp_model
-
-    model = cp_model.CpModel()
-    x = {(j, w): model.NewBoolVar(f"x{j}_{w}") for j in range(len(times)) for w in range(workers)}
-    makespan = model.NewIntVar(0, sum(times), "makespan")
-    for j in range(len(times)):
-        model.AddExactlyOne(x[j, w] for w in range(workers))
-    for w in range(workers):
-        model.Add(sum(times[j] * x[j, w] for j in range(len(times))) <= makespan)
-    model.Minimize(makespan)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = 20
-    solver.Solve(model)
-    return int(solver.Value(makespan))
 
 
 def lpt_table() -> None:

@@ -30,11 +30,11 @@ import httpx
 from backbone_service.app import create_app
 from backbone_service.server import BackgroundServer
 from moeless.demo_prompts import DEMO_PROMPTS
-from moeless.generation import GenerationEngine, SamplingParams
+from moeless.generation import GenerationEngine, SamplingParams, eos_token_ids
 from moeless.lambda_host.experts import start_expert_host
 from moeless.manifest import load_manifest
 from moeless.plan import one_function_per_expert
-from moeless.serving import Backbone, BackboneConfig, eos_token_ids
+from moeless.serving import Backbone, BackboneConfig
 
 REPO = Path(__file__).resolve().parent.parent
 WORKDIR = REPO / ".moeless" / "bench" / "serve-mixtral"

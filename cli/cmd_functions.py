@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from cli.options import echo_step, quiet_option
+from cli.options import echo_step, plan_option, quiet_option
 from cli.running import expert_task_root, host_options, wait_for_stop_signal
 
 
@@ -19,12 +19,7 @@ def functions() -> None:
 
 @functions.command()
 @click.argument("artifacts", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option(
-    "--plan",
-    "plan_path",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="plan.json from `moeless plan` [default: one function per expert].",
-)
+@plan_option
 @click.option(
     "--port",
     type=click.IntRange(0, 65535),
@@ -56,10 +51,10 @@ def up(
     from moeless.lambda_host.experts import start_expert_host
     from moeless.lambda_host.meter import format_bill
     from moeless.manifest import load_manifest
-    from moeless.plan import load_plan, one_function_per_expert
+    from moeless.plan import plan_for
 
     manifest = load_manifest(artifacts)
-    plan = load_plan(plan_path, manifest) if plan_path else one_function_per_expert(manifest)
+    plan = plan_for(manifest, plan_path)
     host = start_expert_host(
         artifacts,
         plan,

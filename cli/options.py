@@ -2,9 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import click
 
 quiet_option = click.option("--quiet", "-q", is_flag=True, help="No progress bars or step messages.")
+plan_option = click.option(
+    "--plan",
+    "plan_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="plan.json from `moeless plan` [default: one function per expert].",
+)
 
 
 def echo_step(message: str, quiet: bool = False) -> None:

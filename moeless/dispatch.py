@@ -49,15 +49,6 @@ def jsq_split(tokens: int, outstanding: list[int]) -> list[int]:
     return shares
 
 
-def replicas_from_plan(plan: Plan) -> dict[tuple[int, int], list[str]]:
-    """(layer, expert) -> the functions hosting it, in plan order."""
-    replicas: dict[tuple[int, int], list[str]] = {}
-    for spec in plan.functions:
-        for pair in spec.experts:
-            replicas.setdefault(tuple(pair), []).append(spec.name)
-    return replicas
-
-
 class LambdaDispatcher:
     """An :class:`~moeless.expert_runtime.ExpertExecutor` whose experts are Lambda functions.
 
@@ -89,7 +80,7 @@ class LambdaDispatcher:
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
         self.stats = stats or ServingStats()
-        self.replicas = replicas_from_plan(plan)
+        self.replicas = plan.replica_functions()
         self.on_backbone = {(p.layer, p.expert) for p in plan.experts if p.placement == "backbone"}
         self.local = OnnxExpertPool(artifacts_dir, manifest)
         self.max_rows = max_tokens_per_request(manifest.hidden_size)

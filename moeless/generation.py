@@ -304,3 +304,13 @@ class GenerationEngine:
         self.stats.inc("requests_failed")
         sequence.done.set()
         sequence.on_event(Event("error", text=message))
+
+
+def eos_token_ids(model: Any) -> set[int]:
+    """The ids that end generation, as ``generate`` reads them (generation config, else model config)."""
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, list | tuple) else [eos])}

@@ -79,6 +79,14 @@ class Plan:
             "estimate": self.estimate,
         }
 
+    def replica_functions(self) -> dict[tuple[int, int], list[str]]:
+        """(layer, expert) -> the functions hosting a replica of it, in plan order."""
+        hosts: dict[tuple[int, int], list[str]] = {}
+        for spec in self.functions:
+            for layer, expert in spec.experts:
+                hosts.setdefault((layer, expert), []).append(spec.name)
+        return hosts
+
     def save(self, path: Path) -> None:
         write_json_atomic(Path(path), self.to_dict())
 
@@ -115,6 +123,11 @@ def one_function_per_expert(manifest: Manifest, memory_mb: int = DEFAULT_MEMORY_
     ]
     functions = [FunctionSpec(p.function or "", [(p.layer, p.expert)], memory_mb) for p in experts]
     return Plan("one-function-per-expert", experts, functions)
+
+
+def plan_for(manifest: Manifest, path: Path | None) -> Plan:
+    """The plan at ``path`` checked against ``manifest``, or one function per expert without one."""
+    return load_plan(path, manifest) if path else one_function_per_expert(manifest)
 
 
 def plan_from_dict(data: Any) -> Plan:

@@ -30,13 +30,13 @@ from moeless.predictors import (
     FrequencyPrior,
     LayerAware,
     SimilarPromptSearch,
+    cover_set,
     request_shares,
     timed_ms,
 )
 from moeless.trace import Trace, TraceError, load_model, router_weights
 
 TEST_FRACTION = 0.3
-COVER = 0.9
 
 
 def split_requests(trace: Trace, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -44,17 +44,6 @@ def split_requests(trace: Trace, seed: int = 0) -> tuple[np.ndarray, np.ndarray]
     order = np.random.default_rng(seed).permutation(requests)
     cut = max(1, round(len(order) * TEST_FRACTION))
     return np.sort(order[cut:]), np.sort(order[:cut])
-
-
-def _cover_set(shares: np.ndarray) -> set[int]:
-    order = np.argsort(-shares)
-    total, chosen = 0.0, set()
-    for e in order:
-        chosen.add(int(e))
-        total += shares[e]
-        if total >= COVER:
-            break
-    return chosen
 
 
 def routers_of(trace: Trace) -> dict[int, tuple[np.ndarray, np.ndarray | None]]:
@@ -178,7 +167,7 @@ def evaluate(
                 actual_shares = whole[int(r)]
                 used = set(np.flatnonzero(actual_shares).tolist())
                 shares = request_prediction[int(r)][t]
-                chosen = _cover_set(shares)
+                chosen = set(cover_set(shares))
             recalls.append(len(chosen & used) / len(used))
             accuracies.append(1 - 0.5 * float(np.abs(shares - actual_shares).sum()))
         hits = (

@@ -29,6 +29,18 @@ import numpy as np
 from moeless.trace import Trace
 
 METHODS = ("sps", "layer", "gate", "freq", "oracle")
+COVER = 0.9  # a load-level prediction "needs" the fewest experts holding this much of it
+
+
+def cover_set(shares: np.ndarray, cover: float = COVER) -> list[int]:
+    """The fewest experts whose predicted shares sum to ``cover``, largest first."""
+    chosen, total = [], 0.0
+    for e in np.argsort(-shares):
+        chosen.append(int(e))
+        total += float(shares[e])
+        if total >= cover:
+            break
+    return chosen
 
 
 def request_shares(trace: Trace, requests: np.ndarray, layer_index: int) -> dict[int, np.ndarray]:

@@ -20,22 +20,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
-from moeless.predictors import SimilarPromptSearch
+from moeless.predictors import SimilarPromptSearch, cover_set
 from moeless.replanner import RollingLoads
-
-COVER = 0.9
-
-
-def needed_experts(shares: np.ndarray, cover: float = COVER) -> list[int]:
-    """The fewest experts whose predicted shares sum to ``cover``."""
-    order = np.argsort(-shares)
-    chosen, total = [], 0.0
-    for e in order:
-        chosen.append(int(e))
-        total += float(shares[e])
-        if total >= cover:
-            break
-    return chosen
 
 
 class SpsPrewarmer:
@@ -88,7 +74,7 @@ class SpsPrewarmer:
                 self.predicted.add(
                     layer, {e: float(s) * len(prompt_ids) * self.top_k for e, s in enumerate(shares)}
                 )
-            for expert in needed_experts(shares):
+            for expert in cover_set(shares):
                 for function in self.replicas.get((layer, expert), [])[:1]:
                     if now - self.last_used.get(function, -1e18) > self.idle_s:
                         self._schedule(function, layer, expert, now)

@@ -218,6 +218,27 @@ def solve(
     return RemoeSolution(chosen, mu, dual, primal, mmp, float(resident.sum() * size))
 
 
+def optimal_makespan(times: list[int], workers: int, time_limit_s: float = 20.0) -> int:
+    """The exact minimum makespan of integer ``times`` on identical workers (OR-Tools CP-SAT, from the
+    dev extra): the yardstick LPT is measured against."""
+    from ortools.sat.python import cp_model
+
+    model = cp_model.CpModel()
+    x = {(j, w): model.NewBoolVar(f"x{j}_{w}") for j in range(len(times)) for w in range(workers)}
+    makespan = model.NewIntVar(0, sum(times), "makespan")
+    for j in range(len(times)):
+        model.AddExactlyOne(x[j, w] for w in range(workers))
+    for w in range(workers):
+        model.Add(sum(times[j] * x[j, w] for j in range(len(times))) <= makespan)
+    model.Minimize(makespan)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit_s
+    solver.parameters.num_workers = 1
+    if solver.Solve(model) != cp_model.OPTIMAL:
+        raise RuntimeError(f"CP-SAT found no proven optimum within {time_limit_s} s")
+    return int(solver.Value(makespan))
+
+
 def lpt(times: list[float], workers: int) -> tuple[list[int], float]:
     """Longest-Processing-Time-first on identical workers: (worker of each job, makespan)."""
     heap = [(0.0, w) for w in range(workers)]

@@ -8,15 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from moeless.coalesce import StepCoalescer
 from moeless.dispatch import LambdaDispatcher
-from moeless.generation import GenerationEngine, PrewarmHook
+from moeless.generation import GenerationEngine, PrewarmHook, eos_token_ids
 from moeless.manifest import load_manifest
-from moeless.plan import Plan, load_plan, one_function_per_expert
+from moeless.plan import Plan, plan_for
 from moeless.planner import reprovision
 from moeless.replanner import CombinedLoads, Replanner, RollingLoads
 from moeless.serving_stats import ServingStats
@@ -80,9 +79,7 @@ class Backbone:
         self.config = config
         artifacts = Path(config.artifacts)
         self.manifest = load_manifest(artifacts)
-        self.plan: Plan = (
-            load_plan(config.plan, self.manifest) if config.plan else one_function_per_expert(self.manifest)
-        )
+        self.plan: Plan = plan_for(self.manifest, config.plan)
         self.model_name = config.model_name or artifacts.resolve().name
         self.stats = ServingStats()
         concurrency = 64
@@ -168,13 +165,3 @@ class Backbone:
             close_prewarmer()
         self.engine.stop()
         self.dispatcher.close()
-
-
-def eos_token_ids(model: Any) -> set[int]:
-    """The ids that end generation, as ``generate`` reads them (generation config, else model config)."""
-    eos = getattr(model.generation_config, "eos_token_id", None)
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, list | tuple) else [eos])}

@@ -223,10 +223,7 @@ class Simulator:
             )
             for name, spec in specs.items()
         }
-        self.replica_functions: dict[tuple[int, int], list[str]] = {}
-        for spec in plan.functions:
-            for layer, expert in spec.experts:
-                self.replica_functions.setdefault((layer, expert), []).append(spec.name)
+        self.replica_functions = plan.replica_functions()
         self.workers_free_at = [0.0] * (plan.workers or 1)
         self.replan = replan
         self.replan_s = replan_s
@@ -261,10 +258,7 @@ class Simulator:
         self.plan = plan
         self.functions = functions
         self.placement = {(p.layer, p.expert): p for p in plan.experts}
-        self.replica_functions = {}
-        for spec in plan.functions:
-            for layer, expert in spec.experts:
-                self.replica_functions.setdefault((layer, expert), []).append(spec.name)
+        self.replica_functions = plan.replica_functions()
         self.replans += 1
 
     def run(self, requests: list[Request], duration_s: float, progress: bool = False) -> PolicyResult:

@@ -27,6 +27,7 @@ import numpy as np
 
 from moeless.errors import MoelessError
 from moeless.fileio import atomic_path, write_json_atomic
+from moeless.generation import eos_token_ids
 from moeless.loads import Loads
 from moeless.model_layout import _EXPERTS_MODULE
 
@@ -196,8 +197,7 @@ def profile(
     recorder = _Recorder(model)
     if not recorder.layers:
         raise TraceError(f"{source} has no routed-expert layers to trace")
-    eos = model.generation_config.eos_token_id
-    eos_ids = set(eos if isinstance(eos, list) else [eos]) if eos is not None else set()
+    eos_ids = eos_token_ids(model)
     rng = np.random.default_rng(seed)
     columns: dict[str, list[np.ndarray]] = {"request": [], "position": [], "phase": []}
     experts: dict[int, list[np.ndarray]] = {layer: [] for layer in recorder.layers}

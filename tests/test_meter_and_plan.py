@@ -11,14 +11,7 @@ from moeless.errors import PlanError
 from moeless.lambda_host.meter import BillingMeter, format_bill
 from moeless.manifest import load_manifest
 from moeless.plan import load_plan, one_function_per_expert, plan_from_dict
-
-
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from tests.fakes import FakeClock
 
 
 def test_meter_matches_a_hand_computation():

@@ -25,7 +25,7 @@ from moeless.placement import (
 )
 from moeless.plan import load_plan, plan_from_dict
 from moeless.planner import PlanRequest, make_plan
-from moeless.remoe import ExpertShape, Workload, lpt, solve
+from moeless.remoe import ExpertShape, Workload, lpt, optimal_makespan, solve
 
 ROUTING = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "routing"
 needs_routing = pytest.mark.skipif(
@@ -66,24 +66,6 @@ def test_moeless_is_at_least_as_balanced_as_eplb_and_monotone_in_the_budget(work
             previous = mine
 
 
-def _optimal_makespan(times: list[int], workers: int) -> int:
-    from ortools.sat.python import cp_model
-
-    model = cp_model.CpModel()
-    x = {(j, w): model.NewBoolVar(f"x{j}_{w}") for j in range(len(times)) for w in range(workers)}
-    makespan = model.NewIntVar(0, sum(times), "makespan")
-    for j in range(len(times)):
-        model.AddExactlyOne(x[j, w] for w in range(workers))
-    for w in range(workers):
-        model.Add(sum(times[j] * x[j, w] for j in range(len(times))) <= makespan)
-    model.Minimize(makespan)
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = 10
-    solver.parameters.num_workers = 1
-    assert solver.Solve(model) == cp_model.OPTIMAL
-    return int(solver.Value(makespan))
-
-
 def test_lpt_is_within_five_percent_of_the_optimum_on_average():
     pytest.importorskip("ortools", reason="OR-Tools (dev extra) computes the exact optimum")
     rng = np.random.default_rng(0)
@@ -97,7 +79,7 @@ def test_lpt_is_within_five_percent_of_the_optimum_on_average():
     for times in instances:
         times = [max(1, int(t)) for t in times]
         _, heuristic = lpt([float(t) for t in times], 4)
-        gaps.append(heuristic / _optimal_makespan(times, 4) - 1)
+        gaps.append(heuristic / optimal_makespan(times, 4) - 1)
     assert float(np.mean(gaps)) <= 0.05, f"mean gap {np.mean(gaps):.3%}, worst {max(gaps):.3%}"
     assert max(gaps) <= 1 / 3  # LPT's worst case on 4 workers is 4/3 - 1/12
 

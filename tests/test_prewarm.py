@@ -7,8 +7,8 @@ import time
 
 import numpy as np
 
-from moeless.predictors import FrequencyPrior, SimilarPromptSearch
-from moeless.prewarm import SpsPrewarmer, needed_experts
+from moeless.predictors import FrequencyPrior, SimilarPromptSearch, cover_set
+from moeless.prewarm import SpsPrewarmer
 from moeless.replanner import RollingLoads
 from tests.test_predictors import BagOfWords
 
@@ -44,8 +44,8 @@ def make(last_used=None, max_per_s=100.0, warming=None):
 
 
 def test_needed_experts_cover_ninety_percent():
-    assert needed_experts(np.array([0.5, 0.3, 0.15, 0.05])) == [0, 1, 2]
-    assert needed_experts(np.array([0.95, 0.05])) == [0]
+    assert cover_set(np.array([0.5, 0.3, 0.15, 0.05])) == [0, 1, 2]
+    assert cover_set(np.array([0.95, 0.05])) == [0]
 
 
 def test_cold_predicted_functions_are_warmed_once_and_recent_ones_are_not():

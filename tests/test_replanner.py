@@ -11,20 +11,13 @@ from moeless.manifest import load_manifest
 from moeless.plan import one_function_per_expert
 from moeless.planner import reprovision
 from moeless.replanner import Hysteresis, Replanner, RollingLoads
+from tests.fakes import FakeClock
 from tests.lambda_helpers import wait_for
 from tests.test_serving import PROMPTS, serving
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_rolling_loads_are_rates_that_decay_with_the_half_life():
-    clock = FakeClock()
+    clock = FakeClock(0.0)
     loads = RollingLoads(4, half_life_s=10.0, clock=clock)
     assert loads.snapshot() is None
     for _ in range(1000):  # a steady 8 tokens/s to expert 1 for 1,000 s
