@@ -23,8 +23,7 @@ from typing import IO, Any
 
 from moeless.errors import ArtifactError
 from moeless.expert_payload import MAX_PAYLOAD_BYTES, PayloadError, decode_request, encode_matrix
-from moeless.fileio import sha256_file
-from moeless.manifest import MANIFEST_NAME, ExpertEntry, Manifest, load_manifest
+from moeless.manifest import ExpertEntry, Manifest, load_manifest
 from moeless.verify import read_verified
 
 DEFAULT_CACHE = Path("/tmp/moeless-experts")
@@ -43,22 +42,9 @@ def _fetch_from_s3(uri: str, experts: list[tuple[int, int]] | None, cache_dir: P
     """Download the manifest and the hosted experts' files from ``s3://bucket/prefix`` to ``cache_dir``."""
     import boto3
 
-    bucket, _, prefix = uri.removeprefix("s3://").partition("/")
-    prefix = prefix.strip("/")
-    s3 = boto3.client("s3")
+    from moeless.artifact_store import download_artifacts
 
-    def key(rel: str) -> str:
-        return f"{prefix}/{rel}" if prefix else rel
-
-    cache_dir.mkdir(parents=True, exist_ok=True)
-    s3.download_file(bucket, key(MANIFEST_NAME), str(cache_dir / MANIFEST_NAME))
-    manifest = load_manifest(cache_dir)
-    for entry in _hosted_entries(manifest, experts):
-        target = cache_dir / entry.file
-        if target.is_file() and sha256_file(target) == entry.sha256:
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        s3.download_file(bucket, key(entry.file), str(target))
+    download_artifacts(boto3.client("s3"), uri, cache_dir, experts, backbone=False)
     return cache_dir
 
 

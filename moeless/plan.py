@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,25 @@ class Plan:
             for layer, expert in spec.experts:
                 hosts.setdefault((layer, expert), []).append(spec.name)
         return hosts
+
+    def prefixed(self, prefix: str) -> Plan:
+        """This plan with its functions deployed under ``prefix`` (one stage's names in a shared account).
+
+        A leading ``moeless-`` of a name gives way to the prefix: ``moeless-l000-e003`` under
+        ``moeless-prod-`` is ``moeless-prod-l000-e003``.
+        """
+        if not prefix:
+            return self
+        rename = {f.name: prefix + f.name.removeprefix("moeless-") for f in self.functions}
+        if len(set(rename.values())) != len(rename):
+            raise PlanError(f"function names collide under the prefix {prefix!r}")
+        if long := [name for name in rename.values() if not _NAME.match(name)]:
+            raise PlanError(f"{long[0]!r} is not a valid Lambda name (at most 64 letters, digits, - and _)")
+        return replace(
+            self,
+            experts=[replace(p, function=rename.get(p.function or "", p.function)) for p in self.experts],
+            functions=[replace(f, name=rename[f.name]) for f in self.functions],
+        )
 
     def save(self, path: Path) -> None:
         write_json_atomic(Path(path), self.to_dict())

@@ -32,6 +32,8 @@ class BackboneConfig:
         plan: plan.json path; ``None``: one function per expert.
         lambda_endpoint: the local host's URL; ``None``: AWS (boto3's usual configuration).
         qualifier: alias the functions are invoked on.
+        function_prefix: the deployed functions' name prefix (``moeless-STAGE-`` on AWS; see
+            :meth:`moeless.plan.Plan.prefixed`); empty: the plan's names as they are.
         device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
         model_name: the name clients pass as ``model`` (default: the artifacts folder's name).
         max_batch: sequences per engine step.
@@ -48,6 +50,7 @@ class BackboneConfig:
     plan: Path | None = None
     lambda_endpoint: str | None = None
     qualifier: str | None = "live"
+    function_prefix: str = ""
     device: str = "auto"
     model_name: str | None = None
     max_batch: int = 16
@@ -79,7 +82,7 @@ class Backbone:
         self.config = config
         artifacts = Path(config.artifacts)
         self.manifest = load_manifest(artifacts)
-        self.plan: Plan = plan_for(self.manifest, config.plan)
+        self.plan: Plan = plan_for(self.manifest, config.plan).prefixed(config.function_prefix)
         self.model_name = config.model_name or artifacts.resolve().name
         self.stats = ServingStats()
         concurrency = 64

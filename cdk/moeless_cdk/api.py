@@ -1,0 +1,200 @@
+"""The REST endpoint: API Gateway in front of the backbone's load balancer through a VPC link.
+
+``POST /v1/completions`` (body checked against :data:`COMPLETION_SCHEMA` before it reaches the
+service, which checks it in full) and ``GET /healthz``; an API key with a usage plan (throttle
+and daily quota), JSON access logs, and a WAF web ACL with AWS's common rules and a per-IP rate
+limit.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import CfnOutput, Duration, Stack
+from aws_cdk import aws_apigateway as apigw
+from aws_cdk import aws_logs as logs
+from aws_cdk import aws_wafv2 as wafv2
+from constructs import Construct
+
+from moeless_cdk.backbone import BackboneStack
+from moeless_cdk.config import DeployConfig
+from moeless_cdk.nag import acknowledge
+
+# JSON Schema draft 4 (API Gateway's dialect): the OpenAI completion fields the service accepts.
+COMPLETION_SCHEMA = apigw.JsonSchema(
+    schema=apigw.JsonSchemaVersion.DRAFT4,
+    title="CompletionRequest",
+    type=apigw.JsonSchemaType.OBJECT,
+    required=["model", "prompt"],
+    properties={
+        "model": apigw.JsonSchema(type=apigw.JsonSchemaType.STRING, min_length=1),
+        "prompt": apigw.JsonSchema(
+            one_of=[
+                apigw.JsonSchema(type=apigw.JsonSchemaType.STRING, min_length=1),
+                apigw.JsonSchema(
+                    type=apigw.JsonSchemaType.ARRAY,
+                    min_items=1,
+                    items=apigw.JsonSchema(type=apigw.JsonSchemaType.STRING, min_length=1),
+                ),
+            ]
+        ),
+        "max_tokens": apigw.JsonSchema(type=apigw.JsonSchemaType.INTEGER, minimum=1),
+        "temperature": apigw.JsonSchema(type=apigw.JsonSchemaType.NUMBER, minimum=0, maximum=2),
+        "top_p": apigw.JsonSchema(type=apigw.JsonSchemaType.NUMBER, minimum=0, maximum=1),
+        "stream": apigw.JsonSchema(type=apigw.JsonSchemaType.BOOLEAN),
+        "seed": apigw.JsonSchema(type=apigw.JsonSchemaType.INTEGER),
+    },
+)
+WAF_RATE_LIMIT_PER_5_MIN = 2000
+
+
+class ApiStack(Stack):
+    def __init__(
+        self, scope: Construct, construct_id: str, config: DeployConfig, backbone: BackboneStack, **kwargs
+    ) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        access_logs = logs.LogGroup(self, "AccessLogs", retention=logs.RetentionDays.ONE_MONTH)
+        self.api = apigw.RestApi(
+            self,
+            "Api",
+            rest_api_name=f"moeless-{config.stage}",
+            description="moeless: OpenAI-style completions served by a GPU backbone and expert Lambdas",
+            endpoint_types=[apigw.EndpointType.REGIONAL],
+            api_key_source_type=apigw.ApiKeySourceType.HEADER,
+            cloud_watch_role=True,
+            deploy_options=apigw.StageOptions(
+                stage_name=config.stage,
+                access_log_destination=apigw.LogGroupLogDestination(access_logs),
+                access_log_format=apigw.AccessLogFormat.json_with_standard_fields(
+                    caller=False,
+                    http_method=True,
+                    ip=True,
+                    protocol=True,
+                    request_time=True,
+                    resource_path=True,
+                    response_length=True,
+                    status=True,
+                    user=True,
+                ),
+                logging_level=apigw.MethodLoggingLevel.ERROR,
+                metrics_enabled=True,
+                tracing_enabled=True,
+                throttling_rate_limit=config.throttle_rate_limit,
+                throttling_burst_limit=config.throttle_burst_limit,
+            ),
+        )
+        acknowledge(
+            self.api,
+            "AwsSolutions-IAM4",
+            "API Gateway's account-level CloudWatch role uses AWS's managed push-to-logs policy",
+            findings=[
+                "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AmazonAPIGatewayPushToCloudWatchLogs"
+            ],
+        )
+        link = apigw.VpcLink(self, "VpcLink", targets=[backbone.load_balancer])
+        base = f"http://{backbone.load_balancer.load_balancer_dns_name}"
+
+        def proxy(method: str, path: str) -> apigw.Integration:
+            return apigw.Integration(
+                type=apigw.IntegrationType.HTTP_PROXY,
+                integration_http_method=method,
+                uri=f"{base}{path}",
+                options=apigw.IntegrationOptions(
+                    connection_type=apigw.ConnectionType.VPC_LINK,
+                    vpc_link=link,
+                    timeout=Duration.seconds(29),
+                ),
+            )
+
+        validator = self.api.add_request_validator(
+            "Body",
+            request_validator_name="completion-body",
+            validate_request_body=True,
+            validate_request_parameters=True,
+        )
+        model = self.api.add_model("Completion", content_type="application/json", schema=COMPLETION_SCHEMA)
+        completions = self.api.root.add_resource("v1").add_resource("completions")
+        completions.add_method(
+            "POST",
+            proxy("POST", "/v1/completions"),
+            api_key_required=True,
+            request_validator=validator,
+            request_models={"application/json": model},
+        )
+        self.api.root.add_resource("healthz").add_method(
+            "GET", proxy("GET", "/healthz"), api_key_required=True
+        )
+        acknowledge(
+            self.api,
+            "AwsSolutions-APIG4",
+            "callers authenticate with an API key under a usage plan, as OpenAI clients do; "
+            "put a Cognito or IAM authorizer in front for per-user identity",
+        )
+        acknowledge(
+            self.api,
+            "AwsSolutions-COG4",
+            "API keys, not Cognito user pools, identify callers (see AwsSolutions-APIG4)",
+        )
+        self.api_key = self.api.add_api_key("Key", api_key_name=f"moeless-{config.stage}")
+        usage_plan = self.api.add_usage_plan(
+            "UsagePlan",
+            name=f"moeless-{config.stage}",
+            throttle=apigw.ThrottleSettings(
+                rate_limit=config.throttle_rate_limit, burst_limit=config.throttle_burst_limit
+            ),
+            quota=apigw.QuotaSettings(limit=config.quota_per_day, period=apigw.Period.DAY),
+        )
+        usage_plan.add_api_key(self.api_key)
+        usage_plan.add_api_stage(stage=self.api.deployment_stage)
+        self._web_acl(config)
+        CfnOutput(self, "Endpoint", value=self.api.url)
+        CfnOutput(self, "ApiKeyId", value=self.api_key.key_id)
+
+    def _web_acl(self, config: DeployConfig) -> None:
+        def visibility(name: str) -> wafv2.CfnWebACL.VisibilityConfigProperty:
+            return wafv2.CfnWebACL.VisibilityConfigProperty(
+                cloud_watch_metrics_enabled=True, metric_name=name, sampled_requests_enabled=True
+            )
+
+        common = wafv2.CfnWebACL.RuleProperty(
+            name="aws-common",
+            priority=0,
+            override_action=wafv2.CfnWebACL.OverrideActionProperty(none={}),
+            statement=wafv2.CfnWebACL.StatementProperty(
+                managed_rule_group_statement=wafv2.CfnWebACL.ManagedRuleGroupStatementProperty(
+                    vendor_name="AWS",
+                    name="AWSManagedRulesCommonRuleSet",
+                    # Prompts are long bodies by nature: count, do not block, the 8 KB body rule.
+                    rule_action_overrides=[
+                        wafv2.CfnWebACL.RuleActionOverrideProperty(
+                            name="SizeRestrictions_BODY",
+                            action_to_use=wafv2.CfnWebACL.RuleActionProperty(count={}),
+                        )
+                    ],
+                )
+            ),
+            visibility_config=visibility("aws-common"),
+        )
+        rate = wafv2.CfnWebACL.RuleProperty(
+            name="per-ip-rate",
+            priority=1,
+            action=wafv2.CfnWebACL.RuleActionProperty(block={}),
+            statement=wafv2.CfnWebACL.StatementProperty(
+                rate_based_statement=wafv2.CfnWebACL.RateBasedStatementProperty(
+                    limit=WAF_RATE_LIMIT_PER_5_MIN, aggregate_key_type="IP"
+                )
+            ),
+            visibility_config=visibility("per-ip-rate"),
+        )
+        acl = wafv2.CfnWebACL(
+            self,
+            "WebAcl",
+            scope="REGIONAL",
+            default_action=wafv2.CfnWebACL.DefaultActionProperty(allow={}),
+            rules=[common, rate],
+            visibility_config=visibility(f"moeless-{config.stage}"),
+        )
+        wafv2.CfnWebACLAssociation(
+            self,
+            "WebAclAssociation",
+            resource_arn=self.api.deployment_stage.stage_arn,
+            web_acl_arn=acl.attr_arn,
+        )

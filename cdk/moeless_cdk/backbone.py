@@ -1,0 +1,195 @@
+"""The GPU backbone: a VPC, an ECS cluster on EC2 GPU instances (ECS GPU-optimised AMI, one GPU
+per task), the service behind an internal Network Load Balancer with health checks, scaling on
+load. Its task role may invoke only this stage's expert aliases and change their provisioned
+concurrency (re-planning), and read the package.
+"""
+
+from __future__ import annotations
+
+from aws_cdk import Duration, Stack
+from aws_cdk import aws_autoscaling as autoscaling
+from aws_cdk import aws_ec2 as ec2
+from aws_cdk import aws_ecs as ecs
+from aws_cdk import aws_elasticloadbalancingv2 as elbv2
+from aws_cdk import aws_iam as iam
+from aws_cdk import aws_logs as logs
+from constructs import Construct
+
+from moeless_cdk.config import ALIAS, DeployConfig
+from moeless_cdk.images import backbone_image
+from moeless_cdk.nag import acknowledge, nag_form
+
+SERVICE_PORT = 8000
+LISTENER_PORT = 80
+# Loading the backbone (and every expert for the in-process fallback) from S3 takes minutes.
+START_GRACE = Duration.minutes(10)
+
+
+class BackboneStack(Stack):
+    def __init__(self, scope: Construct, construct_id: str, config: DeployConfig, **kwargs) -> None:
+        super().__init__(scope, construct_id, **kwargs)
+        self.vpc = ec2.Vpc(self, "Vpc", max_azs=config.max_azs, nat_gateways=1)
+        self.vpc.add_flow_log("FlowLog")
+        self.cluster = ecs.Cluster(
+            self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
+        )
+        self.capacity = self._gpu_capacity(config)
+        self.task_definition = self._task_definition(config)
+        self.load_balancer, self.service = self._service(config)
+
+    def _gpu_capacity(self, config: DeployConfig) -> ecs.AsgCapacityProvider:
+        group = autoscaling.AutoScalingGroup(
+            self,
+            "GpuInstances",
+            vpc=self.vpc,
+            vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
+            instance_type=ec2.InstanceType(config.backbone_instance_type),
+            machine_image=ecs.EcsOptimizedImage.amazon_linux2(ecs.AmiHardwareType.GPU),
+            min_capacity=0,
+            max_capacity=config.backbone_max_tasks,
+            require_imdsv2=True,
+            block_devices=[
+                autoscaling.BlockDevice(
+                    device_name="/dev/xvda",
+                    volume=autoscaling.BlockDeviceVolume.ebs(200, encrypted=True),
+                )
+            ],
+        )
+        acknowledge(
+            group,
+            "AwsSolutions-IAM5",
+            "the ECS agent's instance policy, as CDK writes it: ECS and CloudWatch actions without "
+            "resource-level permissions",
+            findings=["Action::ecs:Submit*", "Resource::*"],
+        )
+        acknowledge(
+            group,
+            "AwsSolutions-AS3",
+            "scaling events are driven by ECS managed scaling and visible in ECS service events",
+        )
+        # ECS managed draining moves tasks off a leaving instance; no lifecycle-hook Lambda needed.
+        capacity = ecs.AsgCapacityProvider(
+            self,
+            "GpuCapacity",
+            auto_scaling_group=group,
+            enable_managed_termination_protection=False,
+            enable_managed_draining=True,
+        )
+        self.cluster.add_asg_capacity_provider(capacity)
+        return capacity
+
+    def _task_definition(self, config: DeployConfig) -> ecs.Ec2TaskDefinition:
+        task = ecs.Ec2TaskDefinition(self, "Task", network_mode=ecs.NetworkMode.AWS_VPC)
+        task.add_container(
+            "backbone",
+            image=backbone_image(self, config),
+            gpu_count=1,
+            memory_reservation_mib=12 * 1024,
+            port_mappings=[ecs.PortMapping(container_port=SERVICE_PORT)],
+            environment={
+                "MOELESS_ARTIFACTS": config.artifacts_uri,
+                "MOELESS_PLAN": config.plan_uri,
+                "MOELESS_FUNCTION_PREFIX": config.function_prefix,
+                "MOELESS_QUALIFIER": ALIAS,
+                "MOELESS_DEVICE": "cuda",
+            },
+            logging=ecs.LogDrivers.aws_logs(
+                stream_prefix="backbone", log_retention=logs.RetentionDays.ONE_MONTH
+            ),
+            health_check=ecs.HealthCheck(
+                command=[
+                    "CMD-SHELL",
+                    f"python3 -c \"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{SERVICE_PORT}/healthz')\"",
+                ],
+                start_period=START_GRACE,
+            ),
+        )
+        acknowledge(
+            task,
+            "AwsSolutions-ECS2",
+            "the environment holds only S3 locations, a name prefix and switches; no secrets",
+        )
+        stage_objects = config.objects_arn(f"{config.stage}/*")
+        statements = {
+            config.functions_arn(f":{ALIAS}"): [
+                "lambda:InvokeFunction",
+                "lambda:GetProvisionedConcurrencyConfig",
+                "lambda:PutProvisionedConcurrencyConfig",
+                "lambda:DeleteProvisionedConcurrencyConfig",
+            ],
+            config.functions_arn(): [
+                "lambda:GetFunctionConcurrency",
+                "lambda:PutFunctionConcurrency",
+                "lambda:DeleteFunctionConcurrency",
+            ],
+            stage_objects: ["s3:GetObject"],
+        }
+        for resource, actions in statements.items():
+            task.add_to_task_role_policy(iam.PolicyStatement(actions=actions, resources=[resource]))
+        acknowledge(
+            task.task_role,
+            "AwsSolutions-IAM5",
+            "names only this stage's expert functions (by their common prefix: one statement for any "
+            "plan size, as IAM policies are capped at 10 KB) and this stage's package by key prefix",
+            findings=[f"Resource::{nag_form(arn)}" for arn in statements],
+        )
+        acknowledge(
+            task.obtain_execution_role(),
+            "AwsSolutions-IAM5",
+            "ecr:GetAuthorizationToken has no resource-level permissions (AWS requires Resource *)",
+            findings=["Resource::*"],
+        )
+        return task
+
+    def _service(self, config: DeployConfig) -> tuple[elbv2.NetworkLoadBalancer, ecs.Ec2Service]:
+        balancer_sg = ec2.SecurityGroup(self, "BalancerSg", vpc=self.vpc, allow_all_outbound=False)
+        balancer_sg.add_ingress_rule(
+            ec2.Peer.ipv4(self.vpc.vpc_cidr_block), ec2.Port.tcp(LISTENER_PORT), "API Gateway VPC link"
+        )
+        acknowledge(
+            balancer_sg,
+            "AwsSolutions-EC23",
+            "ingress is the VPC's own CIDR (where the VPC link's interfaces live), never 0.0.0.0/0; "
+            "the rule cannot read a CIDR given as a reference",
+        )
+        service_sg = ec2.SecurityGroup(self, "ServiceSg", vpc=self.vpc)
+        service_sg.add_ingress_rule(balancer_sg, ec2.Port.tcp(SERVICE_PORT), "from the load balancer")
+        balancer_sg.add_egress_rule(service_sg, ec2.Port.tcp(SERVICE_PORT), "to the backbone tasks")
+        service = ecs.Ec2Service(
+            self,
+            "Service",
+            cluster=self.cluster,
+            task_definition=self.task_definition,
+            desired_count=1,
+            security_groups=[service_sg],
+            capacity_provider_strategies=[
+                ecs.CapacityProviderStrategy(capacity_provider=self.capacity.capacity_provider_name, weight=1)
+            ],
+            circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
+            health_check_grace_period=START_GRACE,
+            min_healthy_percent=100,
+        )
+        balancer = elbv2.NetworkLoadBalancer(
+            self, "Balancer", vpc=self.vpc, internet_facing=False, security_groups=[balancer_sg]
+        )
+        acknowledge(
+            balancer,
+            "AwsSolutions-ELB2",
+            "NLB access logs record TLS listeners only; this internal TCP listener is logged by "
+            "API Gateway's access logs and the VPC flow log",
+        )
+        listener = balancer.add_listener("Http", port=LISTENER_PORT)
+        listener.add_targets(
+            "Backbone",
+            port=SERVICE_PORT,
+            targets=[service],
+            health_check=elbv2.HealthCheck(
+                protocol=elbv2.Protocol.HTTP, path="/healthz", interval=Duration.seconds(15)
+            ),
+            deregistration_delay=Duration.seconds(60),
+        )
+        scaling = service.auto_scale_task_count(min_capacity=1, max_capacity=config.backbone_max_tasks)
+        scaling.scale_on_cpu_utilization(
+            "Cpu", target_utilization_percent=60, scale_out_cooldown=Duration.minutes(2)
+        )
+        return balancer, service

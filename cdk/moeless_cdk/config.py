@@ -1,0 +1,151 @@
+"""What one deployment is: the package, the plan and the knobs, read from the CDK context.
+
+Context keys (``cdk.json`` holds the defaults; ``moeless deploy`` and ``-c KEY=VALUE`` override):
+
+    moeless:artifacts              the package folder (output of ``moeless package``); required
+    moeless:plan                   plan.json; default: one function per expert
+    moeless:stage                  deployment name; prefixes stacks, functions and S3 keys
+    moeless:expertCode             ``s3``: one image, experts fetched from S3 at init; ``image``:
+                                   each function's experts baked into its own image
+    moeless:imageTag               deploy images pushed to the Artifacts stack's ECR repositories
+                                   under this tag, instead of building them from the Dockerfiles
+    moeless:backboneInstanceType   EC2 GPU instance type of the backbone (one GPU per task)
+    moeless:backboneMaxTasks       most backbone tasks (and instances) when scaling on load
+    moeless:maxAzs                 availability zones of the VPC
+    moeless:throttleRateLimit      API requests per second (usage plan)
+    moeless:throttleBurstLimit     API burst (usage plan)
+    moeless:quotaPerDay            API requests per key per day (usage plan)
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from aws_cdk import Aws
+
+from moeless.errors import MoelessError
+from moeless.manifest import Manifest, load_manifest
+from moeless.plan import Plan, plan_for
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+ALIAS = "live"
+EXPERT_CODES = ("s3", "image")
+_STAGE = re.compile(r"^[a-z][a-z0-9-]{0,15}$")
+
+
+class DeployConfigError(MoelessError):
+    """The CDK context does not describe a deployable configuration."""
+
+
+@dataclass(frozen=True)
+class DeployConfig:
+    """One deployment: ``plan`` as the planner wrote it; ``deployed_plan`` with this stage's names."""
+
+    artifacts: Path
+    manifest: Manifest
+    plan: Plan
+    stage: str = "dev"
+    expert_code: str = "s3"
+    image_tag: str | None = None
+    backbone_instance_type: str = "g5.xlarge"
+    backbone_max_tasks: int = 2
+    max_azs: int = 2
+    throttle_rate_limit: float = 50.0
+    throttle_burst_limit: int = 100
+    quota_per_day: int = 100_000
+    expert_timeout_s: int = 60
+
+    def __post_init__(self) -> None:
+        if not _STAGE.match(self.stage):
+            raise DeployConfigError(
+                f"stage {self.stage!r}: use 1-16 lower-case letters, digits and '-', starting with a letter"
+            )
+        if self.expert_code not in EXPERT_CODES:
+            raise DeployConfigError(
+                f"moeless:expertCode must be one of {EXPERT_CODES}, not {self.expert_code!r}"
+            )
+
+    @property
+    def stack_prefix(self) -> str:
+        return f"Moeless-{self.stage}"
+
+    @property
+    def function_prefix(self) -> str:
+        """Deployed function names start with this (see :meth:`moeless.plan.Plan.prefixed`)."""
+        return f"moeless-{self.stage}-"
+
+    @cached_property
+    def deployed_plan(self) -> Plan:
+        return self.plan.prefixed(self.function_prefix)
+
+    @property
+    def bucket_name(self) -> str:
+        """The artifacts bucket: named by stage, account and region, so every stack (and ``moeless
+        deploy``) knows it without a cross-stack export."""
+        return f"moeless-{self.stage}-{Aws.ACCOUNT_ID}-{Aws.REGION}"
+
+    def objects_arn(self, key_pattern: str) -> str:
+        return f"arn:{Aws.PARTITION}:s3:::{self.bucket_name}/{key_pattern}"
+
+    def functions_arn(self, suffix: str = "") -> str:
+        """ARN pattern of this stage's expert functions (``suffix``: ``:live`` for their aliases)."""
+        return regional_arn("lambda", f"function:{self.function_prefix}*{suffix}")
+
+    @property
+    def artifacts_uri(self) -> str:
+        return f"s3://{self.bucket_name}/{self.artifacts_prefix}"
+
+    @property
+    def plan_uri(self) -> str:
+        return f"s3://{self.bucket_name}/{self.stage}/plan.json"
+
+    @property
+    def artifacts_prefix(self) -> str:
+        """S3 key prefix of the package in the artifacts bucket."""
+        return f"{self.stage}/artifacts"
+
+
+def regional_arn(service: str, resource: str) -> str:
+    """An ARN in the deploying account and region (pseudo-parameters keep stacks environment-agnostic)."""
+    return f"arn:{Aws.PARTITION}:{service}:{Aws.REGION}:{Aws.ACCOUNT_ID}:{resource}"
+
+
+def _required(context: Callable[[str], Any], key: str) -> Any:
+    value = context(key)
+    if value in (None, ""):
+        raise DeployConfigError(
+            f"CDK context {key} is not set: run `moeless deploy ARTIFACTS --plan plan.json`, "
+            f"or pass -c {key}=..."
+        )
+    return value
+
+
+def config_from_context(context: Callable[[str], Any]) -> DeployConfig:
+    """Read the deployment from the CDK context (``app.node.try_get_context``, or a dict's ``get``)."""
+
+    def get(key: str, default: Any) -> Any:
+        value = context(key)
+        return default if value in (None, "") else value
+
+    artifacts = Path(_required(context, "moeless:artifacts")).expanduser().resolve()
+    manifest = load_manifest(artifacts)
+    plan_path = context("moeless:plan")
+    return DeployConfig(
+        artifacts=artifacts,
+        manifest=manifest,
+        plan=plan_for(manifest, Path(plan_path).expanduser() if plan_path else None),
+        stage=str(get("moeless:stage", "dev")),
+        expert_code=str(get("moeless:expertCode", "s3")),
+        image_tag=context("moeless:imageTag") or None,
+        backbone_instance_type=str(get("moeless:backboneInstanceType", "g5.xlarge")),
+        backbone_max_tasks=int(get("moeless:backboneMaxTasks", 2)),
+        max_azs=int(get("moeless:maxAzs", 2)),
+        throttle_rate_limit=float(get("moeless:throttleRateLimit", 50)),
+        throttle_burst_limit=int(get("moeless:throttleBurstLimit", 100)),
+        quota_per_day=int(get("moeless:quotaPerDay", 100_000)),
+    )
