@@ -127,11 +127,11 @@ def serve(
         config = BackboneConfig(
             artifacts,
             plan_path,
-            lambda_endpoint,
-            alias,
-            device,
-            model_name,
-            max_batch,
+            lambda_endpoint=lambda_endpoint,
+            qualifier=alias,
+            device=device,
+            model_name=model_name,
+            max_batch=max_batch,
             replan_interval_s=replan_interval,
             predictor_trace=predictor_trace,
         )

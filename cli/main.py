@@ -28,6 +28,8 @@ COMMANDS: dict[str, str] = {
     "predict": "cli.cmd_profile:predict",
     "simulate": "cli.cmd_simulate:simulate",
     "apply-plan": "cli.cmd_plan:apply_plan",
+    "deploy": "cli.cmd_deploy:deploy",
+    "destroy": "cli.cmd_deploy:destroy",
 }
 
 

@@ -32,8 +32,6 @@ class BackboneConfig:
         plan: plan.json path; ``None``: one function per expert.
         lambda_endpoint: the local host's URL; ``None``: AWS (boto3's usual configuration).
         qualifier: alias the functions are invoked on.
-        function_prefix: the deployed functions' name prefix (``moeless-STAGE-`` on AWS; see
-            :meth:`moeless.plan.Plan.prefixed`); empty: the plan's names as they are.
         device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
         model_name: the name clients pass as ``model`` (default: the artifacts folder's name).
         max_batch: sequences per engine step.
@@ -44,13 +42,14 @@ class BackboneConfig:
         predictor_trace: a trace of this model: Similar-Prompt Search learns from it and pre-warms
             each request's predicted functions (``None``: no pre-warming).
         prewarm_idle_s: a function not invoked for this long is presumed cold.
+        function_prefix: the deployed functions' name prefix (``moeless-STAGE-`` on AWS; see
+            :meth:`moeless.plan.Plan.prefixed`); empty: the plan's names as they are.
     """
 
     artifacts: Path
     plan: Path | None = None
     lambda_endpoint: str | None = None
     qualifier: str | None = "live"
-    function_prefix: str = ""
     device: str = "auto"
     model_name: str | None = None
     max_batch: int = 16
@@ -60,6 +59,7 @@ class BackboneConfig:
     replan_interval_s: float = 0.0
     predictor_trace: Path | None = None
     prewarm_idle_s: float = 240.0
+    function_prefix: str = ""
 
 
 def resolve_device(device: str) -> str:

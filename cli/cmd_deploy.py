@@ -1,0 +1,164 @@
+"""``moeless deploy`` and ``moeless destroy``: the CDK app in cdk/, driven for one stage."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from cli.options import echo_step, plan_option
+
+stage_option = click.option(
+    "--stage",
+    default="dev",
+    show_default=True,
+    help="Deployment name: prefixes stacks, functions and S3 keys.",
+)
+profile_option = click.option("--profile", help="AWS profile for boto3 and the CDK CLI.")
+cdk_dir_option = click.option(
+    "--cdk-dir",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The CDK app [default: cdk/ of this checkout].",
+)
+
+
+def _request(
+    artifacts: Path, plan_path: Path | None, stage: str, profile: str | None, cdk_dir: Path | None, **context
+):
+    from moeless.deploy import DEFAULT_CDK_DIR, DeployRequest
+
+    return DeployRequest(
+        artifacts, plan_path, stage, profile, cdk_dir=cdk_dir or DEFAULT_CDK_DIR, context=dict(context)
+    )
+
+
+@click.command()
+@click.argument("artifacts", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@plan_option
+@stage_option
+@profile_option
+@cdk_dir_option
+@click.option(
+    "--expert-code",
+    type=click.Choice(["s3", "image"]),
+    default="s3",
+    show_default=True,
+    help="s3: one image, experts fetched from S3 at init; image: each function's experts baked in.",
+)
+@click.option("--synth-only", is_flag=True, help="Synthesise the cloud assembly (no credentials, no Docker).")
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=Path("cdk.out"),
+    show_default=True,
+    help="Where --synth-only writes the cloud assembly.",
+)
+@click.option("--local", is_flag=True, help="Bring the same topology up on this machine instead of AWS.")
+@click.option(
+    "--aws-endpoint",
+    metavar="URL",
+    help="With --local: also create the S3/ECR/Lambda/API resources on this AWS API emulator "
+    "(moto, LocalStack).",
+)
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="REST port with --local."
+)
+@click.pass_context
+def deploy(
+    ctx: click.Context,
+    artifacts: Path,
+    plan_path: Path | None,
+    stage: str,
+    profile: str | None,
+    cdk_dir: Path | None,
+    expert_code: str,
+    synth_only: bool,
+    output: Path,
+    local: bool,
+    aws_endpoint: str | None,
+    port: int,
+) -> None:
+    """Deploy ARTIFACTS with a plan: S3 + ECR, one Lambda per plan function with its provisioned
+    concurrency, the GPU backbone on ECS, and API Gateway. Prints the endpoint and API key.
+
+    Needs AWS credentials, Docker (the images build during `cdk deploy`) and a bootstrapped
+    account (`npx cdk bootstrap`); see docs/deploy.md. --synth-only needs none of them.
+    """
+    request = _request(artifacts, plan_path, stage, profile, cdk_dir, **{"moeless:expertCode": expert_code})
+    if aws_endpoint and not local:
+        raise click.UsageError(
+            "--aws-endpoint is for --local (an emulator); a real deploy uses your AWS profile"
+        )
+    if local:
+        _deploy_locally(ctx, request, aws_endpoint, port)
+        return
+    if synth_only:
+        from moeless.deploy import synthesize
+
+        echo_step(f"synthesising stage {stage} into {output}...")
+        synthesize(request, output)
+        templates = sorted(p.name for p in output.glob("*.template.json"))
+        click.echo(f"cloud assembly: {output} ({len(templates)} templates: {', '.join(templates)})")
+        return
+    import boto3
+
+    from moeless.deploy import deploy as run_deploy
+
+    result = run_deploy(request, boto3.Session(profile_name=profile), say=click.echo)
+    click.echo(f"endpoint: {result.endpoint}")
+    click.echo(f"api key:  {result.api_key}   (send it as the x-api-key header)")
+
+
+def _deploy_locally(ctx: click.Context, request, aws_endpoint: str | None, port: int) -> None:
+    from cli.cmd_serve import serve
+    from moeless.manifest import load_manifest
+    from moeless.plan import plan_for
+
+    if aws_endpoint:
+        import boto3
+
+        from moeless.cloud_mirror import mirror_deployment
+
+        plan = plan_for(load_manifest(request.artifacts), request.plan)
+        session = boto3.Session(
+            profile_name=request.profile,
+            region_name=request.region or "us-east-1",
+        )
+        report = mirror_deployment(
+            session,
+            request.artifacts,
+            plan,
+            request.stage,
+            f"http://127.0.0.1:{port}",
+            aws_endpoint,
+            say=echo_step,
+        )
+        echo_step(
+            f"emulator at {aws_endpoint}: bucket {report.bucket}, {len(report.functions)} functions, "
+            f"REST API {report.api_id} (key {report.api_key})"
+        )
+        for note in report.notes:
+            echo_step(f"note: {note}")
+    arguments = [str(request.artifacts), "--local", "--port", str(port)]
+    serve.main(arguments + (["--plan", str(request.plan)] if request.plan else []), standalone_mode=False)
+
+
+@click.command()
+@click.argument("artifacts", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@plan_option
+@stage_option
+@profile_option
+@cdk_dir_option
+@click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
+def destroy(
+    artifacts: Path, plan_path: Path | None, stage: str, profile: str | None, cdk_dir: Path | None, yes: bool
+) -> None:
+    """Delete a stage's stacks, deployed from ARTIFACTS (the bucket and image repositories are kept:
+    they hold data)."""
+    from moeless.deploy import destroy as run_destroy
+
+    if not yes:
+        click.confirm(f"Delete every stack of stage {stage!r}?", abort=True)
+    run_destroy(_request(artifacts, plan_path, stage, profile, cdk_dir))
+    click.echo(f"stage {stage} destroyed; its bucket and ECR repositories remain (delete them by hand)")
