@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from cli.options import echo_step, plan_option
+
+if TYPE_CHECKING:
+    from moeless.deploy import DeployRequest
+    from moeless.plan import Plan
 
 stage_option = click.option(
     "--stage",
@@ -22,22 +29,42 @@ cdk_dir_option = click.option(
 )
 
 
-def _request(
-    artifacts: Path, plan_path: Path | None, stage: str, profile: str | None, cdk_dir: Path | None, **context
-):
-    from moeless.deploy import DEFAULT_CDK_DIR, DeployRequest
+def deployment_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """ARTIFACTS, --plan, --stage, --profile and --cdk-dir, handed to ``command`` as one
+    :class:`moeless.deploy.DeployRequest` (its first argument); a bad plan is refused here,
+    before anything starts."""
 
-    return DeployRequest(
-        artifacts, plan_path, stage, profile, cdk_dir=cdk_dir or DEFAULT_CDK_DIR, context=dict(context)
-    )
+    @functools.wraps(command)
+    def with_request(
+        artifacts: Path,
+        plan_path: Path | None,
+        stage: str,
+        profile: str | None,
+        cdk_dir: Path | None,
+        **kwargs,
+    ) -> Any:
+        from moeless.deploy import DEFAULT_CDK_DIR, DeployRequest
+        from moeless.manifest import load_manifest
+        from moeless.plan import plan_for
+
+        plan = plan_for(load_manifest(artifacts), plan_path)
+        request = DeployRequest(artifacts, plan_path, stage, profile, cdk_dir or DEFAULT_CDK_DIR)
+        return command(request, plan, **kwargs)
+
+    options = [
+        click.argument("artifacts", type=click.Path(exists=True, file_okay=False, path_type=Path)),
+        plan_option,
+        stage_option,
+        profile_option,
+        cdk_dir_option,
+    ]
+    for option in reversed(options):
+        with_request = option(with_request)
+    return with_request
 
 
 @click.command()
-@click.argument("artifacts", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@plan_option
-@stage_option
-@profile_option
-@cdk_dir_option
+@deployment_options
 @click.option(
     "--expert-code",
     type=click.Choice(["s3", "image"]),
@@ -64,14 +91,9 @@ def _request(
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="REST port with --local."
 )
-@click.pass_context
 def deploy(
-    ctx: click.Context,
-    artifacts: Path,
-    plan_path: Path | None,
-    stage: str,
-    profile: str | None,
-    cdk_dir: Path | None,
+    request: DeployRequest,
+    plan: Plan,
     expert_code: str,
     synth_only: bool,
     output: Path,
@@ -85,18 +107,18 @@ def deploy(
     Needs AWS credentials, Docker (the images build during `cdk deploy`) and a bootstrapped
     account (`npx cdk bootstrap`); see docs/deploy.md. --synth-only needs none of them.
     """
-    request = _request(artifacts, plan_path, stage, profile, cdk_dir, **{"moeless:expertCode": expert_code})
+    request.context["moeless:expertCode"] = expert_code
     if aws_endpoint and not local:
         raise click.UsageError(
             "--aws-endpoint is for --local (an emulator); a real deploy uses your AWS profile"
         )
     if local:
-        _deploy_locally(ctx, request, aws_endpoint, port)
+        _deploy_locally(request, plan, aws_endpoint, port)
         return
     if synth_only:
         from moeless.deploy import synthesize
 
-        echo_step(f"synthesising stage {stage} into {output}...")
+        echo_step(f"synthesising stage {request.stage} into {output}...")
         synthesize(request, output)
         templates = sorted(p.name for p in output.glob("*.template.json"))
         click.echo(f"cloud assembly: {output} ({len(templates)} templates: {', '.join(templates)})")
@@ -105,26 +127,22 @@ def deploy(
 
     from moeless.deploy import deploy as run_deploy
 
-    result = run_deploy(request, boto3.Session(profile_name=profile), say=click.echo)
+    result = run_deploy(request, boto3.Session(profile_name=request.profile), say=click.echo)
     click.echo(f"endpoint: {result.endpoint}")
     click.echo(f"api key:  {result.api_key}   (send it as the x-api-key header)")
 
 
-def _deploy_locally(ctx: click.Context, request, aws_endpoint: str | None, port: int) -> None:
+def _deploy_locally(request: DeployRequest, plan: Plan, aws_endpoint: str | None, port: int) -> None:
     from cli.cmd_serve import serve
-    from moeless.manifest import load_manifest
-    from moeless.plan import plan_for
 
     if aws_endpoint:
         import boto3
 
         from moeless.cloud_mirror import mirror_deployment
 
-        plan = plan_for(load_manifest(request.artifacts), request.plan)
-        session = boto3.Session(
-            profile_name=request.profile,
-            region_name=request.region or "us-east-1",
-        )
+        session = boto3.Session(profile_name=request.profile)
+        if session.region_name is None:  # emulators accept any region; boto3 needs one
+            session = boto3.Session(profile_name=request.profile, region_name="us-east-1")
         report = mirror_deployment(
             session,
             request.artifacts,
@@ -145,20 +163,16 @@ def _deploy_locally(ctx: click.Context, request, aws_endpoint: str | None, port:
 
 
 @click.command()
-@click.argument("artifacts", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@plan_option
-@stage_option
-@profile_option
-@cdk_dir_option
+@deployment_options
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def destroy(
-    artifacts: Path, plan_path: Path | None, stage: str, profile: str | None, cdk_dir: Path | None, yes: bool
-) -> None:
+def destroy(request: DeployRequest, plan: Plan, yes: bool) -> None:
     """Delete a stage's stacks, deployed from ARTIFACTS (the bucket and image repositories are kept:
     they hold data)."""
     from moeless.deploy import destroy as run_destroy
 
     if not yes:
-        click.confirm(f"Delete every stack of stage {stage!r}?", abort=True)
-    run_destroy(_request(artifacts, plan_path, stage, profile, cdk_dir))
-    click.echo(f"stage {stage} destroyed; its bucket and ECR repositories remain (delete them by hand)")
+        click.confirm(f"Delete every stack of stage {request.stage!r}?", abort=True)
+    run_destroy(request)
+    click.echo(
+        f"stage {request.stage} destroyed; its bucket and ECR repositories remain (delete them by hand)"
+    )

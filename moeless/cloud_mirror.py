@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from moeless.plan import Plan
+from moeless.stage import ALIAS, StageNames
 
-ALIAS = "live"
 LAMBDA_ASSUME_ROLE = {
     "Version": "2012-10-17",
     "Statement": [
@@ -75,8 +75,10 @@ def mirror_deployment(
 
     account = client("sts").get_caller_identity()["Account"]
     region = session.region_name or "us-east-1"
-    deployed = plan.prefixed(f"moeless-{stage}-")
-    report = MirrorReport(bucket=f"moeless-{stage}-{account}-{region}")
+    names = StageNames(stage)
+    deployed = plan.prefixed(names.function_prefix)
+    report = MirrorReport(bucket=names.bucket(account, region))
+    artifacts_uri = f"s3://{report.bucket}/{names.artifacts_prefix}"
 
     say(f"emulator: bucket {report.bucket} and the package")
     s3 = client("s3")
@@ -89,12 +91,12 @@ def mirror_deployment(
         if not _exists(exc):
             raise
     s3.put_bucket_versioning(Bucket=report.bucket, VersioningConfiguration={"Status": "Enabled"})
-    upload_artifacts(s3, artifacts, f"s3://{report.bucket}/{stage}/artifacts")
-    s3.put_object(Bucket=report.bucket, Key=f"{stage}/plan.json", Body=json.dumps(plan.to_dict()).encode())
+    upload_artifacts(s3, artifacts, artifacts_uri)
+    s3.put_object(Bucket=report.bucket, Key=names.plan_key, Body=json.dumps(plan.to_dict()).encode())
 
     ecr = client("ecr")
     for image in ("expert", "backbone"):
-        name = f"moeless-{stage}-{image}"
+        name = names.repository(image)
         try:
             ecr.create_repository(repositoryName=name, imageScanningConfiguration={"scanOnPush": True})
         except ClientError as exc:
@@ -103,11 +105,11 @@ def mirror_deployment(
         report.repositories.append(name)
 
     say(f"emulator: {len(deployed.functions)} expert functions with their alias '{ALIAS}'")
-    role_arn = _expert_role(client("iam"), stage)
-    image_uri = f"{account}.dkr.ecr.{region}.amazonaws.com/moeless-{stage}-expert:latest"
+    role_arn = _expert_role(client("iam"), names.repository("expert"))
+    image_uri = f"{account}.dkr.ecr.{region}.amazonaws.com/{names.repository('expert')}:latest"
     lam = client("lambda")
     for spec in deployed.functions:
-        _function(lam, spec, role_arn, image_uri, f"s3://{report.bucket}/{stage}/artifacts")
+        _function(lam, spec, role_arn, image_uri, artifacts_uri)
         report.functions.append(spec.name)
     if any(spec.provisioned_concurrency for spec in deployed.functions):
         report.notes.append(
@@ -116,14 +118,13 @@ def mirror_deployment(
         )
 
     say("emulator: REST API, API key and usage plan")
-    report.api_id, report.api_key = _rest_api(client("apigateway"), stage, backbone_url)
+    report.api_id, report.api_key = _rest_api(client("apigateway"), names, backbone_url)
     return report
 
 
-def _expert_role(iam: Any, stage: str) -> str:
+def _expert_role(iam: Any, name: str) -> str:
     from botocore.exceptions import ClientError
 
-    name = f"moeless-{stage}-expert"
     try:
         return iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(LAMBDA_ASSUME_ROLE))[
             "Role"
@@ -174,9 +175,9 @@ def _function(lam: Any, spec: Any, role_arn: str, image_uri: str, artifacts_uri:
         )
 
 
-def _rest_api(apigw: Any, stage: str, backbone_url: str) -> tuple[str, str]:
+def _rest_api(apigw: Any, names: StageNames, backbone_url: str) -> tuple[str, str]:
     """The REST API with the CDK app's routes, proxied to ``backbone_url``; returns (id, key value)."""
-    name = f"moeless-{stage}"
+    name, stage = names.api_name, names.stage
     existing = [api for api in apigw.get_rest_apis()["items"] if api["name"] == name]
     api_id = existing[0]["id"] if existing else apigw.create_rest_api(name=name, apiKeySource="HEADER")["id"]
     resources = {r["path"]: r["id"] for r in apigw.get_resources(restApiId=api_id)["items"]}

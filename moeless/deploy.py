@@ -14,13 +14,13 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from moeless.errors import MoelessError
+from moeless.stage import StageNames
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_CDK_DIR = REPO_ROOT / "cdk"
@@ -41,13 +41,12 @@ class DeployRequest:
     plan: Path | None = None
     stage: str = "dev"
     profile: str | None = None
-    region: str | None = None
     cdk_dir: Path = DEFAULT_CDK_DIR
     context: dict[str, Any] = field(default_factory=dict)
 
     @property
-    def stack_prefix(self) -> str:
-        return f"Moeless-{self.stage}"
+    def names(self) -> StageNames:
+        return StageNames(self.stage)
 
     def app_context(self) -> dict[str, Any]:
         """The ``moeless:*`` context of this deployment (cdk.json supplies the rest)."""
@@ -109,8 +108,7 @@ def cdk_command(request: DeployRequest, verb: str, stacks: list[str], *extra: st
 
 
 def _run_cdk(request: DeployRequest, command: list[str], runner: Runner, step: str) -> None:
-    env = os.environ | NODE_ENV | ({"AWS_REGION": request.region} if request.region else {})
-    result = runner(command, cwd=request.cdk_dir, env=env, check=False)
+    result = runner(command, cwd=request.cdk_dir, env=os.environ | NODE_ENV, check=False)
     if result.returncode != 0:
         raise DeployError(
             f"{step} failed (cdk exited {result.returncode}); re-run to resume: {' '.join(command[1:3])}"
@@ -130,7 +128,7 @@ def deploy(
 
     plan = plan_for(load_manifest(request.artifacts), request.plan)  # refuse a bad plan before any cloud call
     outputs_file = request.cdk_dir / "cdk.out" / f"outputs-{request.stage}.json"
-    artifacts_stack = f"{request.stack_prefix}-Artifacts"
+    artifacts_stack = f"{request.names.stack_prefix}-Artifacts"
     say(f"[1/4] deploying {artifacts_stack} (bucket, image repositories)...")
     _run_cdk(
         request,
@@ -148,14 +146,11 @@ def deploy(
     )
     outputs = _outputs(outputs_file)
     bucket = outputs[artifacts_stack]["BucketName"]
-    say(f"[2/4] uploading the package to s3://{bucket}/{request.stage}/ ...")
+    names = request.names
+    say(f"[2/4] uploading the package to s3://{bucket}/{names.artifacts_prefix}/ ...")
     s3 = session.client("s3")
-    report = upload_artifacts(
-        s3, request.artifacts, f"s3://{bucket}/{request.stage}/artifacts", progress=True
-    )
-    with tempfile.TemporaryDirectory() as tmp:
-        plan.save(Path(tmp) / "plan.json")
-        s3.upload_file(str(Path(tmp) / "plan.json"), bucket, f"{request.stage}/plan.json")
+    report = upload_artifacts(s3, request.artifacts, f"s3://{bucket}/{names.artifacts_prefix}", progress=True)
+    s3.put_object(Bucket=bucket, Key=names.plan_key, Body=json.dumps(plan.to_dict()).encode())
     say(f"      {report}, and the plan ({len(plan.functions)} functions)")
     say("[3/4] deploying the expert functions, the backbone and the API (images build here)...")
     _run_cdk(
@@ -167,7 +162,7 @@ def deploy(
         "deploying the stacks",
     )
     outputs = _outputs(outputs_file)
-    api = outputs[f"{request.stack_prefix}-Api"]
+    api = outputs[f"{request.names.stack_prefix}-Api"]
     say("[4/4] reading the API key...")
     key = session.client("apigateway").get_api_key(apiKey=api["ApiKeyId"], includeValue=True)["value"]
     return DeployResult(api["Endpoint"], key, outputs)

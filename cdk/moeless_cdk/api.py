@@ -55,7 +55,7 @@ class ApiStack(Stack):
         self.api = apigw.RestApi(
             self,
             "Api",
-            rest_api_name=f"moeless-{config.stage}",
+            rest_api_name=config.names.api_name,
             description="moeless: OpenAI-style completions served by a GPU backbone and expert Lambdas",
             endpoint_types=[apigw.EndpointType.REGIONAL],
             api_key_source_type=apigw.ApiKeySourceType.HEADER,
@@ -133,10 +133,10 @@ class ApiStack(Stack):
             "AwsSolutions-COG4",
             "API keys, not Cognito user pools, identify callers (see AwsSolutions-APIG4)",
         )
-        self.api_key = self.api.add_api_key("Key", api_key_name=f"moeless-{config.stage}")
+        self.api_key = self.api.add_api_key("Key", api_key_name=config.names.api_name)
         usage_plan = self.api.add_usage_plan(
             "UsagePlan",
-            name=f"moeless-{config.stage}",
+            name=config.names.api_name,
             throttle=apigw.ThrottleSettings(
                 rate_limit=config.throttle_rate_limit, burst_limit=config.throttle_burst_limit
             ),
@@ -190,7 +190,7 @@ class ApiStack(Stack):
             scope="REGIONAL",
             default_action=wafv2.CfnWebACL.DefaultActionProperty(allow={}),
             rules=[common, rate],
-            visibility_config=visibility(f"moeless-{config.stage}"),
+            visibility_config=visibility(config.names.api_name),
         )
         wafv2.CfnWebACLAssociation(
             self,

@@ -9,7 +9,6 @@ from aws_cdk import aws_s3 as s3
 from constructs import Construct
 
 from moeless_cdk.config import DeployConfig
-from moeless_cdk.images import repository_name
 from moeless_cdk.nag import acknowledge
 
 IMAGES = ("expert", "backbone")
@@ -52,7 +51,7 @@ class ArtifactsStack(Stack):
             name: ecr.Repository(
                 self,
                 f"{name.title()}Repository",
-                repository_name=repository_name(config, name),
+                repository_name=config.names.repository(name),
                 image_scan_on_push=True,
                 image_tag_mutability=ecr.TagMutability.IMMUTABLE,
                 encryption=ecr.RepositoryEncryption.AES_256,

@@ -15,7 +15,8 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from moeless_cdk.config import ALIAS, DeployConfig
+from moeless.stage import ALIAS
+from moeless_cdk.config import DeployConfig
 from moeless_cdk.images import backbone_image
 from moeless_cdk.nag import acknowledge, nag_form
 
@@ -89,7 +90,7 @@ class BackboneStack(Stack):
             environment={
                 "MOELESS_ARTIFACTS": config.artifacts_uri,
                 "MOELESS_PLAN": config.plan_uri,
-                "MOELESS_FUNCTION_PREFIX": config.function_prefix,
+                "MOELESS_FUNCTION_PREFIX": config.names.function_prefix,
                 "MOELESS_QUALIFIER": ALIAS,
                 "MOELESS_DEVICE": "cuda",
             },

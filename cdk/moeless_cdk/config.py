@@ -31,9 +31,9 @@ from aws_cdk import Aws
 from moeless.errors import MoelessError
 from moeless.manifest import Manifest, load_manifest
 from moeless.plan import Plan, plan_for
+from moeless.stage import StageNames
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-ALIAS = "live"
 EXPERT_CODES = ("s3", "image")
 _STAGE = re.compile(r"^[a-z][a-z0-9-]{0,15}$")
 
@@ -71,43 +71,33 @@ class DeployConfig:
             )
 
     @property
-    def stack_prefix(self) -> str:
-        return f"Moeless-{self.stage}"
-
-    @property
-    def function_prefix(self) -> str:
-        """Deployed function names start with this (see :meth:`moeless.plan.Plan.prefixed`)."""
-        return f"moeless-{self.stage}-"
+    def names(self) -> StageNames:
+        return StageNames(self.stage)
 
     @cached_property
     def deployed_plan(self) -> Plan:
-        return self.plan.prefixed(self.function_prefix)
+        return self.plan.prefixed(self.names.function_prefix)
 
     @property
     def bucket_name(self) -> str:
-        """The artifacts bucket: named by stage, account and region, so every stack (and ``moeless
+        """The artifacts bucket, named by stage, account and region: every stack (and ``moeless
         deploy``) knows it without a cross-stack export."""
-        return f"moeless-{self.stage}-{Aws.ACCOUNT_ID}-{Aws.REGION}"
+        return self.names.bucket(Aws.ACCOUNT_ID, Aws.REGION)
 
     def objects_arn(self, key_pattern: str) -> str:
         return f"arn:{Aws.PARTITION}:s3:::{self.bucket_name}/{key_pattern}"
 
     def functions_arn(self, suffix: str = "") -> str:
         """ARN pattern of this stage's expert functions (``suffix``: ``:live`` for their aliases)."""
-        return regional_arn("lambda", f"function:{self.function_prefix}*{suffix}")
+        return regional_arn("lambda", f"function:{self.names.function_prefix}*{suffix}")
 
     @property
     def artifacts_uri(self) -> str:
-        return f"s3://{self.bucket_name}/{self.artifacts_prefix}"
+        return f"s3://{self.bucket_name}/{self.names.artifacts_prefix}"
 
     @property
     def plan_uri(self) -> str:
-        return f"s3://{self.bucket_name}/{self.stage}/plan.json"
-
-    @property
-    def artifacts_prefix(self) -> str:
-        """S3 key prefix of the package in the artifacts bucket."""
-        return f"{self.stage}/artifacts"
+        return f"s3://{self.bucket_name}/{self.names.plan_key}"
 
 
 def regional_arn(service: str, resource: str) -> str:
@@ -125,27 +115,33 @@ def _required(context: Callable[[str], Any], key: str) -> Any:
     return value
 
 
+# context key -> (DeployConfig field, type); an absent key leaves the field's default.
+_CONTEXT_FIELDS = {
+    "moeless:stage": ("stage", str),
+    "moeless:expertCode": ("expert_code", str),
+    "moeless:imageTag": ("image_tag", str),
+    "moeless:backboneInstanceType": ("backbone_instance_type", str),
+    "moeless:backboneMaxTasks": ("backbone_max_tasks", int),
+    "moeless:maxAzs": ("max_azs", int),
+    "moeless:throttleRateLimit": ("throttle_rate_limit", float),
+    "moeless:throttleBurstLimit": ("throttle_burst_limit", int),
+    "moeless:quotaPerDay": ("quota_per_day", int),
+}
+
+
 def config_from_context(context: Callable[[str], Any]) -> DeployConfig:
     """Read the deployment from the CDK context (``app.node.try_get_context``, or a dict's ``get``)."""
-
-    def get(key: str, default: Any) -> Any:
-        value = context(key)
-        return default if value in (None, "") else value
-
     artifacts = Path(_required(context, "moeless:artifacts")).expanduser().resolve()
     manifest = load_manifest(artifacts)
     plan_path = context("moeless:plan")
+    given = {key: context(key) for key in _CONTEXT_FIELDS}
     return DeployConfig(
         artifacts=artifacts,
         manifest=manifest,
         plan=plan_for(manifest, Path(plan_path).expanduser() if plan_path else None),
-        stage=str(get("moeless:stage", "dev")),
-        expert_code=str(get("moeless:expertCode", "s3")),
-        image_tag=context("moeless:imageTag") or None,
-        backbone_instance_type=str(get("moeless:backboneInstanceType", "g5.xlarge")),
-        backbone_max_tasks=int(get("moeless:backboneMaxTasks", 2)),
-        max_azs=int(get("moeless:maxAzs", 2)),
-        throttle_rate_limit=float(get("moeless:throttleRateLimit", 50)),
-        throttle_burst_limit=int(get("moeless:throttleBurstLimit", 100)),
-        quota_per_day=int(get("moeless:quotaPerDay", 100_000)),
+        **{
+            name: kind(given[key])
+            for key, (name, kind) in _CONTEXT_FIELDS.items()
+            if given[key] not in (None, "")
+        },
     )

@@ -18,13 +18,15 @@ from aws_cdk import aws_logs as logs
 from constructs import Construct
 
 from moeless.plan import FunctionSpec
-from moeless_cdk.config import ALIAS, DeployConfig, regional_arn
+from moeless.stage import ALIAS
+from moeless_cdk.config import DeployConfig, regional_arn
 from moeless_cdk.images import ExpertImages
 from moeless_cdk.nag import acknowledge, nag_form
 
-# Function, log group, version and alias per plan function: 120 of them stay under the 500 limit.
+# Function, log group, version and alias per plan function; a margin under CloudFormation's 500.
 RESOURCES_PER_FUNCTION = 4
-FUNCTIONS_PER_SHARD = 120
+RESOURCES_PER_SHARD = 480
+FUNCTIONS_PER_SHARD = RESOURCES_PER_SHARD // RESOURCES_PER_FUNCTION
 LOG_RETENTION = logs.RetentionDays.ONE_MONTH
 LAMBDA_EPHEMERAL_MB = (512, 10_240)
 
@@ -38,10 +40,10 @@ def ephemeral_mb(spec: FunctionSpec, config: DeployConfig) -> int:
     return min(high, max(low, math.ceil(needed * 1.25 / 2**20) + 64))
 
 
-def environment(spec: FunctionSpec, config: DeployConfig, artifacts_uri: str) -> dict[str, str]:
+def environment(spec: FunctionSpec, config: DeployConfig) -> dict[str, str]:
     env = {"MOELESS_EXPERTS": ",".join(f"{layer}:{expert}" for layer, expert in spec.experts)}
     if config.expert_code == "s3":
-        env["MOELESS_EXPERTS_URI"] = artifacts_uri
+        env["MOELESS_EXPERTS_URI"] = config.artifacts_uri
     return env
 
 
@@ -56,7 +58,6 @@ class ExpertShard(NestedStack):
         config: DeployConfig,
         role: iam.IRole,
         images: ExpertImages,
-        artifacts_uri: str,
     ) -> None:
         super().__init__(scope, construct_id)
         self.functions: dict[str, lambda_.DockerImageFunction] = {}
@@ -80,7 +81,7 @@ class ExpertShard(NestedStack):
                     retention=LOG_RETENTION,
                     removal_policy=RemovalPolicy.DESTROY,
                 ),
-                environment=environment(spec, config, artifacts_uri),
+                environment=environment(spec, config),
                 description=f"moeless {config.stage}: {len(spec.experts)} expert(s) of the plan",
             )
             self.functions[spec.name] = function
@@ -104,7 +105,7 @@ class ExpertsStack(Stack):
             assumed_by=iam.ServicePrincipal("lambda.amazonaws.com"),
             description=f"moeless {config.stage} expert functions",
         )
-        log_groups = regional_arn("logs", f"log-group:/aws/lambda/{config.function_prefix}*")
+        log_groups = regional_arn("logs", f"log-group:/aws/lambda/{config.names.function_prefix}*")
         self.role.add_to_policy(
             iam.PolicyStatement(
                 actions=["logs:CreateLogStream", "logs:PutLogEvents"],
@@ -113,7 +114,7 @@ class ExpertsStack(Stack):
         )
         readable = [log_groups, f"{log_groups}:*"]
         if config.expert_code == "s3":
-            objects = config.objects_arn(f"{config.artifacts_prefix}/*")
+            objects = config.objects_arn(f"{config.names.artifacts_prefix}/*")
             self.role.add_to_policy(iam.PolicyStatement(actions=["s3:GetObject"], resources=[objects]))
             readable.append(objects)
         acknowledge(
@@ -133,7 +134,6 @@ class ExpertsStack(Stack):
                 config,
                 self.role,
                 self.images,
-                config.artifacts_uri,
             )
             for index, start in enumerate(range(0, len(specs), FUNCTIONS_PER_SHARD))
         ]

@@ -101,14 +101,10 @@ class ExpertImages:
         return staged
 
 
-def repository_name(config: DeployConfig, image: str) -> str:
-    return f"moeless-{config.stage}-{image}"
-
-
 def repository(scope: Construct, config: DeployConfig, image: str) -> ecr.IRepository:
     """The Artifacts stack's repository for ``image``, found by its name (no cross-stack export)."""
     return ecr.Repository.from_repository_name(
-        scope, f"{image.title()}Repository", repository_name(config, image)
+        scope, f"{image.title()}Repository", config.names.repository(image)
     )
 
 

@@ -24,7 +24,7 @@ class MoelessStacks:
 
 def build_app(app: App, config: DeployConfig, nag: bool = True) -> MoelessStacks:
     """Add one deployment's stacks to ``app`` (environment-agnostic: synthesises offline)."""
-    prefix = config.stack_prefix
+    prefix = config.names.stack_prefix
     artifacts = ArtifactsStack(app, f"{prefix}-Artifacts", config)
     experts = ExpertsStack(app, f"{prefix}-Experts", config)
     experts.add_stack_dependency(artifacts, "the functions' images and package live in the artifacts stores")
