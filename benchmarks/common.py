@@ -15,3 +15,18 @@ def bench_model() -> Path:
     Wikipedia) when that folder exists, else on Python's own documentation. Cached."""
     texts = sorted((SHARED / "text").glob("*.txt")) if (SHARED / "text").is_dir() else None
     return trained_model(REPO / ".moeless" / "models", TrainSpec(), texts)
+
+
+def tiny_mixtral(workdir: Path, progress: bool = False) -> tuple[Path, Path]:
+    """A random Mixtral of the demo's size (4 layers x 8 experts, hidden 128) and its package under
+    ``workdir``: built once, then reused (packaging resumes and re-checks)."""
+    from moeless.packaging import package
+    from moeless.tiny import TinySpec, build_tiny_model
+
+    model_dir, artifacts = workdir / "model", workdir / "artifacts"
+    if not (model_dir / "config.json").is_file():
+        build_tiny_model(
+            model_dir, TinySpec(arch="mixtral", layers=4, experts=8, hidden=128, intermediate=256)
+        )
+    package(model_dir, artifacts, progress=progress)
+    return model_dir, artifacts

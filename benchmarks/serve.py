@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import httpx
+from common import tiny_mixtral
 
 from backbone_service.app import create_app
 from backbone_service.server import BackgroundServer
@@ -40,19 +41,6 @@ REPO = Path(__file__).resolve().parent.parent
 WORKDIR = REPO / ".moeless" / "bench" / "serve-mixtral"
 SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "dev.jsonl"
 MAX_TOKENS = 24
-
-
-def build() -> tuple[Path, Path]:
-    from moeless.packaging import package
-    from moeless.tiny import TinySpec, build_tiny_model
-
-    model_dir, artifacts = WORKDIR / "model", WORKDIR / "artifacts"
-    if not (artifacts / "manifest.json").is_file():
-        build_tiny_model(
-            model_dir, TinySpec(arch="mixtral", layers=4, experts=8, hidden=128, intermediate=256)
-        )
-        package(model_dir, artifacts, progress=True)
-    return model_dir, artifacts
 
 
 def load_prompts(count: int) -> list[str]:
@@ -138,7 +126,7 @@ def main() -> None:
     args = parser.parse_args()
     levels = (1, 4) if args.quick else (1, 4, 16)
     per_level = 8 if args.quick else 32
-    model_dir, artifacts = build()
+    model_dir, artifacts = tiny_mixtral(WORKDIR, progress=True)
     prompts = load_prompts(per_level)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     unsplit = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 
 from cli.options import echo_step, plan_option, quiet_option
-from cli.running import expert_task_root, host_options, wait_for_stop_signal
+from cli.running import expert_task_root, host_options, running_service, wait_for_stop_signal
 
 
 @click.command()
@@ -93,22 +93,20 @@ def serve(
     POST /v1/completions, GET /healthz, GET /metrics. With --local the experts run on a local
     Lambda host (awslambdaric processes) and its bill is printed on shutdown.
     """
-    from backbone_service.app import create_app
-    from backbone_service.server import BackgroundServer
     from moeless.lambda_host.experts import start_expert_host
     from moeless.lambda_host.meter import format_bill
     from moeless.manifest import load_manifest
     from moeless.plan import plan_for
-    from moeless.serving import Backbone, BackboneConfig
+    from moeless.serving import BackboneConfig
 
     if local and lambda_endpoint:
         raise click.UsageError("--local starts its own Lambda host: drop --lambda-endpoint")
     manifest = load_manifest(artifacts)
     plan = plan_for(manifest, plan_path)
-    host = None
-    if local:
+
+    def start_host():
         echo_step(f"starting {len(plan.functions)} expert functions on a local Lambda host...", quiet)
-        host = start_expert_host(
+        return start_expert_host(
             artifacts,
             plan,
             expert_task_root(task_root),
@@ -120,41 +118,30 @@ def serve(
             log_dir,
             on_progress=lambda message: echo_step(message, quiet),
         )
-        lambda_endpoint = host.endpoint_url
-    backbone = server = None
-    try:
-        echo_step("loading the backbone...", quiet)
-        config = BackboneConfig(
-            artifacts,
-            plan_path,
-            lambda_endpoint=lambda_endpoint,
-            qualifier=alias,
-            device=device,
-            model_name=model_name,
-            max_batch=max_batch,
-            replan_interval_s=replan_interval,
-            predictor_trace=predictor_trace,
-        )
-        backbone = Backbone(config)
-        try:
-            server = BackgroundServer(create_app(backbone), port).start()
-        except RuntimeError:
-            raise click.ClickException(f"cannot listen on 127.0.0.1:{port} (in use?)") from None
+
+    config = BackboneConfig(
+        artifacts,
+        plan_path,
+        lambda_endpoint=lambda_endpoint,
+        qualifier=alias,
+        device=device,
+        model_name=model_name,
+        max_batch=max_batch,
+        replan_interval_s=replan_interval,
+        predictor_trace=predictor_trace,
+    )
+    with running_service(
+        config, port, start_host if local else None, lambda message: echo_step(message, quiet)
+    ) as (server, backbone, host):
         click.echo(
             f"REST endpoint: {server.url}/v1  (model {backbone.model_name!r}, backbone on {backbone.device})"
         )
         click.echo(f'  try: moeless invoke "Hello" --endpoint {server.url}')
-        click.echo(f"  experts: {lambda_endpoint or 'AWS Lambda'}   metrics: {server.url}/metrics")
+        click.echo(
+            f"  experts: {backbone.config.lambda_endpoint or 'AWS Lambda'}   metrics: {server.url}/metrics"
+        )
         sys.stdout.flush()
         wait_for_stop_signal()
-    finally:
-        echo_step("stopping...", quiet)
-        if server is not None:
-            server.stop()
-        if backbone is not None:
-            backbone.close()
-        if host is not None:
-            host.stop()
     if host is not None:
         bill = host.meter.snapshot()
         click.echo(format_bill(bill))

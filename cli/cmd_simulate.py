@@ -78,18 +78,9 @@ def simulate(
     """Simulate each policy on the same requests and write report.md and results.csv to OUTPUT."""
     import numpy as np
 
-    from moeless.cost_model import CostModel
     from moeless.loads import load_loads
-    from moeless.planner import expert_shape
-    from moeless.sim_plots import write_plots
-    from moeless.simulator import (
-        POLICIES,
-        arrivals,
-        requests_from_trace,
-        sample_requests,
-        simulate_policy,
-        write_report,
-    )
+    from moeless.sim_study import run_study
+    from moeless.simulator import POLICIES, arrivals, requests_from_trace, sample_requests
     from moeless.trace import load_trace
 
     if (trace_dir is None) == (loads_path is None):
@@ -107,39 +98,25 @@ def simulate(
         loads = load_loads(loads_path)
         top_k = loads.top_k or 2
         replay = sample_requests(loads, times, top_k, prompt_tokens, output_tokens, rng)
-    shape, source = expert_shape(loads, None, hidden, intermediate)
-    model = CostModel()
-    experts = loads.num_experts
-    results = []
-    for name in [p.strip() for p in policies.split(",") if p.strip()]:
-        if name not in POLICIES:
-            raise click.BadParameter(
-                f"unknown policy {name!r}; choose from {', '.join(POLICIES)}", param_hint="--policies"
-            )
-        results.append(
-            simulate_policy(
-                name,
-                loads,
-                top_k,
-                shape,
-                workers,
-                replay,
-                duration,
-                model,
-                True,
-                replan_s or None,
-                not no_predictors,
-            )
+    names = [p.strip() for p in policies.split(",") if p.strip()]
+    if unknown := [name for name in names if name not in POLICIES]:
+        raise click.BadParameter(
+            f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}", param_hint="--policies"
         )
-    header = [
-        f"- requests: {len(replay)} ({arrival} for {duration:.0f} s, seed {seed}), from "
-        f"{trace_dir or loads_path}",
-        f"- experts: {experts} per layer, top-{top_k}, {shape.hidden} x {shape.intermediate} ({source})",
-        f"- policies: {policies}; workers {workers}; re-planning "
-        + (f"every {replan_s:.0f} s" if replan_s else "off")
-        + ("; predictors off" if no_predictors else "; moeless and remoe pre-warm from their predictors"),
-    ]
-    write_report(results, output, header, model.sources())
-    plots = write_plots(results, output, bin_s=max(1.0, duration / 30))
+    source = f"{len(replay)} ({arrival} for {duration:.0f} s, seed {seed}), from {trace_dir or loads_path}"
+    _results, plots = run_study(
+        loads,
+        top_k,
+        replay,
+        names,
+        duration,
+        output,
+        [f"- requests: {source}"],
+        workers,
+        hidden,
+        intermediate,
+        replan_s or None,
+        not no_predictors,
+    )
     click.echo((output / "report.md").read_text())
     click.echo("plots: " + ", ".join(str(p) for p in plots))

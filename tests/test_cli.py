@@ -71,10 +71,3 @@ def test_verify_without_manifest(runner, tmp_path):
     result = runner.invoke(cli, ["verify", str(tmp_path)])
     assert result.exit_code == 1
     assert "manifest.json is missing" in result.output
-
-
-def test_demo_runs_end_to_end(runner, tmp_path):
-    result = runner.invoke(cli, ["demo", "--workdir", str(tmp_path / "demo"), "--max-new-tokens", "4", "-q"])
-    assert result.exit_code == 0, result.output
-    assert "split model = unsplit model on 4/4 prompts" in result.output
-    assert "verified:" in result.output

@@ -262,3 +262,27 @@ def test_meter_matches_the_report_lines():
     prices = bill["prices"]
     expected = 3 * prices["per_request"] + row["gb_seconds"] * prices["per_gb_second"]
     assert row["cost_usd"] == pytest.approx(expected)
+
+
+def test_stopping_the_host_fails_an_invoke_in_flight_explicitly_and_leaves_no_process():
+    import psutil
+
+    host = LambdaHost([probe()]).start()
+    client = lambda_client(host.endpoint_url)
+    with ThreadPoolExecutor(1) as pool:
+        in_flight = pool.submit(call, client, "probe", {"sleep": 5.0})
+        wait_for(lambda: host.pools["probe"].in_flight() == 1)
+        pids = [i["pid"] for i in host.pools["probe"].describe()]
+        started = time.monotonic()
+        host.stop()
+        # the caller hears of it at once: an error naming what happened, not a 5 s wait or a hang
+        try:
+            response, body = in_flight.result(timeout=30)
+        except Exception as exc:  # the listener is gone: a connection error is explicit too
+            assert str(exc)
+        else:
+            assert response.get("FunctionError") and body["errorType"]
+        assert time.monotonic() - started < 5.0
+    assert not [
+        p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+    ]
