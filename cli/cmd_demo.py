@@ -185,18 +185,14 @@ def _predicted_vs_actual(trace_dir: Path) -> tuple[str, list[tuple[int, list[int
     """Similar-Prompt Search fitted on every other profiled prompt, asked about the first one."""
     import numpy as np
 
-    from moeless.predictors import Embedder, FrequencyPrior, SimilarPromptSearch, cover_set, request_shares
+    from moeless.predictors import Embedder, cover_set, fit_sps, request_shares
     from moeless.trace import load_trace
 
     trace = load_trace(trace_dir)
     requests = np.unique(trace.request)
     held_out, others = requests[0], requests[1:]
-    shares = [request_shares(trace, others, i) for i in range(len(trace.layers))]
-    sps = SimilarPromptSearch(Embedder(), FrequencyPrior().fit(trace, others)).fit(
-        [trace.prompts[int(r)]["prompt"] for r in others],
-        [{i: shares[i][int(r)] for i in range(len(trace.layers))} for r in others],
-    )
-    prompt = trace.prompts[int(held_out)]["prompt"]
+    sps = fit_sps(trace, others, Embedder())
+    prompt = next(p["prompt"] for p in trace.prompts if p["request"] == held_out)
     predicted = sps.predict(prompt)
     rows = []
     for i, layer in enumerate(trace.layers):

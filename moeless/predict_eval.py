@@ -29,8 +29,8 @@ from moeless.predictors import (
     Embedder,
     FrequencyPrior,
     LayerAware,
-    SimilarPromptSearch,
     cover_set,
+    fit_sps,
     request_shares,
     timed_ms,
 )
@@ -110,12 +110,7 @@ def evaluate(
         if method == "sps":
             embedder = embedder or Embedder()
             prompts = {p["request"]: p["prompt"] for p in trace.prompts}
-            shares_by_layer = [request_shares(trace, train, i) for i in range(layers)]
-            sps = SimilarPromptSearch(embedder, prior)
-            sps.fit(
-                [prompts[int(r)] for r in train],
-                [{i: shares_by_layer[i][int(r)] for i in range(layers)} for r in train],
-            )
+            sps = fit_sps(trace, train, embedder, prior)
             vectors = embedder([prompts[int(r)] for r in test])
             actual = [request_shares(trace, test, i) for i in range(layers)]
             for r, vector in zip(test, vectors, strict=True):

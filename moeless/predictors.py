@@ -139,6 +139,19 @@ class SimilarPromptSearch:
         self.shares.append(shares)
 
 
+def fit_sps(
+    trace: Trace, requests: np.ndarray, embedder: Any, prior: FrequencyPrior | None = None
+) -> SimilarPromptSearch:
+    """SPS over ``requests`` of ``trace``: their prompts and per-layer routing shares (the prior
+    defaults to those requests' expert frequencies)."""
+    prompts = {p["request"]: p["prompt"] for p in trace.prompts}
+    shares = [request_shares(trace, requests, i) for i in range(len(trace.layers))]
+    return SimilarPromptSearch(embedder, prior or FrequencyPrior().fit(trace, requests)).fit(
+        [prompts[int(r)] for r in requests],
+        [{i: shares[i][int(r)] for i in range(len(trace.layers))} for r in requests],
+    )
+
+
 @dataclass
 class GateCopy:
     """A router copy that maps one layer's router input to a later layer's experts."""

@@ -132,7 +132,7 @@ class Backbone:
     def _prewarmer(self, config: BackboneConfig) -> PrewarmHook | None:
         if config.predictor_trace is None:
             return None
-        from moeless.predictors import Embedder, FrequencyPrior, SimilarPromptSearch, request_shares
+        from moeless.predictors import Embedder, fit_sps
         from moeless.prewarm import SpsPrewarmer
         from moeless.trace import TraceError, load_trace
 
@@ -141,13 +141,7 @@ class Backbone:
             raise TraceError(
                 f"{config.predictor_trace} was not recorded from this model's layers and experts"
             )
-        requests = np.unique(trace.request)
-        prompts = {p["request"]: p["prompt"] for p in trace.prompts}
-        shares = [request_shares(trace, requests, i) for i in range(len(trace.layers))]
-        sps = SimilarPromptSearch(Embedder(), FrequencyPrior().fit(trace, requests)).fit(
-            [prompts[int(r)] for r in requests],
-            [{i: shares[i][int(r)] for i in range(len(trace.layers))} for r in requests],
-        )
+        sps = fit_sps(trace, np.unique(trace.request), Embedder())
         return SpsPrewarmer(
             sps,
             list(self.manifest.moe_layers),

@@ -118,19 +118,15 @@ def test_soak_short_run_with_every_fault_has_no_failures(tmp_path):
     assert result["overload"]["rejected_with_retry_after"] > 0
 
 
+def _quick_demo(tmp_path: Path) -> list[str]:
+    """The demo on a 20-step model and only its own prompts (what a fresh clone has)."""
+    workdir, no_prompts = tmp_path / "demo", tmp_path / "none.jsonl"
+    return [MOELESS, "demo", "--workdir", str(workdir), "--train-steps", "20", "--prompts", str(no_prompts)]
+
+
 @pytest.mark.slow
 def test_demo_end_to_end_then_a_rerun_reuses_everything(tmp_path):
-    command = [
-        MOELESS,
-        "demo",
-        "--workdir",
-        str(tmp_path / "demo"),
-        "--train-steps",
-        "20",
-        "--prompts",
-        str(tmp_path / "none.jsonl"),
-        "--quiet",
-    ]
+    command = [*_quick_demo(tmp_path), "--quiet"]
     first = subprocess.run(command, capture_output=True, text=True, timeout=900)
     assert first.returncode == 0, first.stderr[-3000:] + first.stdout[-3000:]
     for section in (
@@ -152,16 +148,7 @@ def test_demo_end_to_end_then_a_rerun_reuses_everything(tmp_path):
 @pytest.mark.slow
 def test_demo_cleans_up_every_process_on_ctrl_c(tmp_path):
     process = subprocess.Popen(
-        [
-            MOELESS,
-            "demo",
-            "--workdir",
-            str(tmp_path / "demo"),
-            "--train-steps",
-            "20",
-            "--prompts",
-            str(tmp_path / "none.jsonl"),
-        ],
+        _quick_demo(tmp_path),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
