@@ -25,11 +25,13 @@ demo: $(STAMP)
 
 test: $(STAMP) $(CDK_CLI)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/expert_runtime.py

@@ -1,1 +1,1 @@
-"""The backbone service: the REST endpoint over :mod:`moeless.serving`."""
+"""The backbone service: the REST endpoint over :mod:`moeless.serving.backbone`."""

@@ -1,4 +1,4 @@
-"""FastAPI routes over :class:`moeless.serving.Backbone`: OpenAI completions, health, metrics.
+"""FastAPI routes over :class:`moeless.serving.backbone.Backbone`: OpenAI completions, health, metrics.
 
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, with a 4xx status
 for anything the client can fix (bad JSON, a field out of range, an unknown model, a prompt too
@@ -20,9 +20,9 @@ from pydantic import ValidationError
 
 from backbone_service.metrics import metrics_text
 from backbone_service.schemas import CompletionRequest
-from moeless import __version__
-from moeless.generation import Event, Overloaded, SamplingParams, ShuttingDown
-from moeless.serving import Backbone
+from moeless.serving.backbone import Backbone
+from moeless.serving.generation import Event, Overloaded, SamplingParams, ShuttingDown
+from moeless.version import __version__
 
 
 class ApiError(Exception):

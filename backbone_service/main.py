@@ -1,15 +1,8 @@
 """The container's entry point: ``uvicorn backbone_service.main:app``, configured by environment.
 
-MOELESS_ARTIFACTS         the package: a folder, or ``s3://bucket/prefix`` fetched (checksums
-                          checked, resuming) into MOELESS_ARTIFACTS_CACHE at start
-MOELESS_ARTIFACTS_CACHE   where an S3 package is fetched to (default /opt/moeless/artifacts)
-MOELESS_PLAN              plan.json: a path or ``s3://bucket/key`` (optional)
-MOELESS_FUNCTION_PREFIX   the deployed functions' name prefix (``moeless-STAGE-``; set by the CDK app)
-MOELESS_LAMBDA_ENDPOINT   a local host's URL; unset on AWS
-MOELESS_QUALIFIER         alias to invoke (default ``live``)
-MOELESS_DEVICE            auto | cuda | cpu
-MOELESS_MAX_BATCH         sequences per step (default 16)
-MOELESS_REPLAN_INTERVAL   seconds between re-provisioning from observed loads (default 60; 0: never)
+The variables and their defaults are the environment contract of
+:mod:`moeless.contracts.environment`; an ``s3://`` package or plan is fetched (checksums checked,
+resuming) into MOELESS_ARTIFACTS_CACHE at start.
 """
 
 from __future__ import annotations
@@ -19,34 +12,33 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from backbone_service.app import create_app
-from moeless.serving import Backbone, BackboneConfig
+from moeless.contracts import environment as E
+from moeless.serving.backbone import Backbone, BackboneConfig
 
 DEFAULT_CACHE = "/opt/moeless/artifacts"
 
 
 def config_from_env(env: dict[str, str]) -> BackboneConfig:
     """The service's configuration; an S3 package or plan is fetched first (once; a restart resumes)."""
-    artifacts, plan = env["MOELESS_ARTIFACTS"], env.get("MOELESS_PLAN") or None
+    artifacts, plan = env[E.ARTIFACTS], env.get(E.PLAN) or None
     if artifacts.startswith("s3://") or (plan or "").startswith("s3://"):
-        artifacts, plan = _fetch_from_s3(
-            artifacts, plan, Path(env.get("MOELESS_ARTIFACTS_CACHE", DEFAULT_CACHE))
-        )
+        artifacts, plan = _fetch_from_s3(artifacts, plan, Path(env.get(E.ARTIFACTS_CACHE, DEFAULT_CACHE)))
     return BackboneConfig(
         artifacts=Path(artifacts),
         plan=Path(plan) if plan else None,
-        lambda_endpoint=env.get("MOELESS_LAMBDA_ENDPOINT") or None,
-        qualifier=env.get("MOELESS_QUALIFIER", "live") or None,
-        function_prefix=env.get("MOELESS_FUNCTION_PREFIX", ""),
-        device=env.get("MOELESS_DEVICE", "auto"),
-        max_batch=int(env.get("MOELESS_MAX_BATCH", "16")),
-        replan_interval_s=float(env.get("MOELESS_REPLAN_INTERVAL", "60")),
+        lambda_endpoint=env.get(E.LAMBDA_ENDPOINT) or None,
+        qualifier=env.get(E.QUALIFIER, E.ALIAS) or None,
+        function_prefix=env.get(E.FUNCTION_PREFIX, ""),
+        device=env.get(E.DEVICE, "auto"),
+        max_batch=int(env.get(E.MAX_BATCH, E.DEFAULT_MAX_BATCH)),
+        replan_interval_s=float(env.get(E.REPLAN_INTERVAL, E.DEFAULT_REPLAN_INTERVAL_S)),
     )
 
 
 def _fetch_from_s3(artifacts: str, plan: str | None, cache: Path) -> tuple[str, str | None]:
     import boto3
 
-    from moeless.artifact_store import download_artifacts, download_file
+    from moeless.artifacts.store import download_artifacts, download_file
 
     s3 = boto3.client("s3")
     if artifacts.startswith("s3://"):

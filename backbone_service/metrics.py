@@ -8,7 +8,7 @@ from typing import Any
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
-from moeless.serving import Backbone
+from moeless.serving.backbone import Backbone
 
 # counter name in ServingStats -> (metric, help)
 EXPERT_COUNTERS = {
@@ -53,7 +53,8 @@ class _ServingCollector:
             "Time to run one MoE layer's experts (all sequences of a step)",
             labels=["layer"],
         )
-        for layer, hist in snapshot["dispatch"].items():  # type: ignore[union-attr]
+        layers: dict[Any, Any] = snapshot["dispatch"]  # type: ignore[assignment]
+        for layer, hist in layers.items():
             _histogram(dispatch, [str(layer)], hist)
         yield dispatch
         latency = HistogramMetricFamily("moeless_request_seconds", "Completion request latency")

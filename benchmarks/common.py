@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moeless.training import TrainSpec, trained_model
+from moeless.model.training import TrainSpec, trained_model
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
@@ -20,8 +20,8 @@ def bench_model() -> Path:
 def tiny_mixtral(workdir: Path, progress: bool = False) -> tuple[Path, Path]:
     """A random Mixtral of the demo's size (4 layers x 8 experts, hidden 128) and its package under
     ``workdir``: built once, then reused (packaging resumes and re-checks)."""
-    from moeless.packaging import package
-    from moeless.tiny import TinySpec, build_tiny_model
+    from moeless.model.packaging import package
+    from moeless.model.tiny import TinySpec, build_tiny_model
 
     model_dir, artifacts = workdir / "model", workdir / "artifacts"
     if not (model_dir / "config.json").is_file():

@@ -22,8 +22,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from moeless.expert_onnx import ExpertSpec, build_expert_model, reference_forward, session_options
-from moeless.expert_weights import ExpertWeights
+from moeless.experts.session import session_options
+from moeless.model.expert_weights import ExpertWeights
+from moeless.model.export import ExpertSpec, build_expert_model, reference_forward
 
 FULL_SIZES = ((4096, 14336), (1024, 2816))
 QUICK_SIZES = ((256, 512),)
@@ -78,8 +79,8 @@ def bench_expert(hidden: int, inter: int, batches: tuple[int, ...], threads: int
 
 
 def bench_packaging(hidden: int, inter: int, experts: int, jobs_list: tuple[int, ...]) -> list[str]:
-    from moeless.packaging import package
-    from moeless.tiny import TinySpec, build_tiny_model
+    from moeless.model.packaging import package
+    from moeless.model.tiny import TinySpec, build_tiny_model
 
     rows = [
         f"\npackaging a 2-layer x {experts}-expert Mixtral, experts {hidden} x {inter} (fp32); "

@@ -32,12 +32,12 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from moeless.expert_payload import decode_matrix, encode_request, payload_json
+from moeless.contracts.manifest import load_manifest
+from moeless.contracts.payload import decode_matrix, encode_request, payload_json
+from moeless.contracts.plan import one_function_per_expert
 from moeless.lambda_host import LambdaHost
 from moeless.lambda_host.client import lambda_client
 from moeless.lambda_host.experts import expert_function_configs
-from moeless.manifest import load_manifest
-from moeless.plan import one_function_per_expert
 
 REPO = Path(__file__).resolve().parent.parent
 FULL_SIZES = ((1024, 2816), (4096, 14336))
@@ -48,8 +48,8 @@ WORKDIR = REPO / ".moeless" / "bench"
 
 def artifacts_for(hidden: int, inter: int) -> Path:
     """A packaged 1-layer, 2-expert tiny Mixtral with experts of the given size (cached)."""
-    from moeless.packaging import package
-    from moeless.tiny import TinySpec, build_tiny_model
+    from moeless.model.packaging import package
+    from moeless.model.tiny import TinySpec, build_tiny_model
 
     root = WORKDIR / f"mixtral-{hidden}x{inter}"
     if not (root / "artifacts" / "manifest.json").is_file():
@@ -98,7 +98,7 @@ class RawInvoker:
 def bench_size(hidden: int, inter: int, batches: tuple[int, ...], runs: tuple[int, float, int], colds: int):
     import onnxruntime as ort
 
-    from moeless.expert_onnx import session_options
+    from moeless.experts.session import session_options
 
     artifacts = artifacts_for(hidden, inter)
     manifest = load_manifest(artifacts)

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import numpy as np
 
-from moeless.cost_model import CostModel
-from moeless.loads import Loads, load_loads
-from moeless.placement import balancedness, contiguous, eplb, place, replicate, worker_loads
-from moeless.planner import PlanRequest, make_plan
-from moeless.remoe import Workload, lpt, optimal_makespan
+from moeless.contracts.loads import Loads, load_loads
+from moeless.planning.cost_model import CostModel
+from moeless.planning.placement import balancedness, contiguous, eplb, place, replicate, worker_loads
+from moeless.planning.planner import PlanRequest, make_plan
+from moeless.planning.remoe import Workload, lpt, optimal_makespan
 
 ROUTING = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "routing"
 
@@ -130,7 +130,7 @@ def remoe_table() -> None:
         resident = sum(e.placement == "backbone" for e in plan.experts)
         print(
             f"{memory:9.1f} | {resident:8d} {p['mmp_gb']:7.2f} {len(plan.functions):9d} | "
-            f"{plan.estimate['cost_per_1k_requests']:9.4f} {gap:8.2%}"
+            f"{plan.estimate.cost_per_1k_requests:9.4f} {gap:8.2%}"
         )
 
 

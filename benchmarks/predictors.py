@@ -18,10 +18,10 @@ from pathlib import Path
 
 from common import bench_model
 
-from moeless.demo_prompts import DEMO_PROMPTS
-from moeless.predict_eval import evaluate
-from moeless.predictors import METHODS, Embedder
-from moeless.trace import load_trace, profile, read_prompts
+from moeless.demo.prompts import DEMO_PROMPTS
+from moeless.prediction.evaluation import evaluate
+from moeless.prediction.predictors import METHODS, Embedder
+from moeless.prediction.trace import load_trace, profile, read_prompts
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "dev.jsonl"

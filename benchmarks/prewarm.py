@@ -22,14 +22,14 @@ from pathlib import Path
 
 from common import bench_model
 
-from moeless.demo_prompts import DEMO_PROMPTS
-from moeless.generation import SamplingParams
+from moeless.contracts.manifest import load_manifest
+from moeless.contracts.plan import one_function_per_expert
+from moeless.demo.prompts import DEMO_PROMPTS
 from moeless.lambda_host.experts import start_expert_host
-from moeless.manifest import load_manifest
-from moeless.packaging import package
-from moeless.plan import one_function_per_expert
-from moeless.serving import Backbone, BackboneConfig
-from moeless.trace import profile, read_prompts
+from moeless.model.packaging import package
+from moeless.prediction.trace import profile, read_prompts
+from moeless.serving.backbone import Backbone, BackboneConfig
+from moeless.serving.generation import SamplingParams
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "dev.jsonl"
@@ -45,6 +45,7 @@ def run(artifacts: Path, trace: Path | None, prompts: list[str]) -> dict[str, fl
         max_batch=1,
         predictor_trace=trace,
         prewarm_idle_s=IDLE_S,
+        replan_interval_s=0,
     )
     backbone = Backbone(config)
     latencies: list[float] = []

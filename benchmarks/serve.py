@@ -30,12 +30,13 @@ from common import tiny_mixtral
 
 from backbone_service.app import create_app
 from backbone_service.server import BackgroundServer
-from moeless.demo_prompts import DEMO_PROMPTS
-from moeless.generation import GenerationEngine, SamplingParams, eos_token_ids
+from moeless.contracts.manifest import load_manifest
+from moeless.contracts.plan import one_function_per_expert
+from moeless.demo.prompts import DEMO_PROMPTS
 from moeless.lambda_host.experts import start_expert_host
-from moeless.manifest import load_manifest
-from moeless.plan import one_function_per_expert
-from moeless.serving import Backbone, BackboneConfig
+from moeless.model.reference import eos_token_ids
+from moeless.serving.backbone import Backbone, BackboneConfig
+from moeless.serving.generation import GenerationEngine, SamplingParams
 
 REPO = Path(__file__).resolve().parent.parent
 WORKDIR = REPO / ".moeless" / "bench" / "serve-mixtral"

@@ -23,11 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
-from moeless.cost_model import CostModel
-from moeless.loads import load_loads
-from moeless.remoe import ExpertShape
-from moeless.simulator import POLICIES, arrivals, requests_from_trace, sample_requests, simulate_policy
-from moeless.trace import load_trace
+from moeless.contracts.loads import load_loads
+from moeless.planning.cost_model import CostModel, ExpertShape
+from moeless.prediction.trace import load_trace
+from moeless.simulation.simulator import (
+    POLICIES,
+    arrivals,
+    requests_from_trace,
+    sample_requests,
+    simulate_policy,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 ROUTING = REPO.parent / "shared" / "data" / "routing" / "mistral_c4.json"

@@ -36,16 +36,15 @@ from pathlib import Path
 import httpx
 from common import tiny_mixtral
 
-from backbone_service.app import create_app
-from backbone_service.server import BackgroundServer
-from moeless.demo_prompts import DEMO_PROMPTS
+from backbone_service.local import running_service
+from moeless.contracts.manifest import load_manifest
+from moeless.contracts.plan import one_function_per_expert
+from moeless.demo.prompts import DEMO_PROMPTS
 from moeless.lambda_host.client import lambda_client
 from moeless.lambda_host.experts import expert_function_configs
 from moeless.lambda_host.host import LambdaHost
-from moeless.manifest import load_manifest
-from moeless.plan import one_function_per_expert
-from moeless.reference import greedy_texts
-from moeless.serving import Backbone, BackboneConfig
+from moeless.model.reference import greedy_texts
+from moeless.serving.backbone import BackboneConfig
 
 REPO = Path(__file__).resolve().parent.parent
 WORKDIR = REPO / ".moeless" / "bench" / "soak"
@@ -99,54 +98,52 @@ def soak(
     latencies: list[float] = []
     outcome = {"ok": 0, "wrong": 0, "incomplete": 0, "status_5xx": 0, "status_other": 0, "errors": 0}
     lock = threading.Lock()
-    with LambdaHost(configs) as host:
+
+    def start_host() -> LambdaHost:
+        host = LambdaHost(configs).start()
         lambda_client(host.endpoint_url).put_function_concurrency(
             FunctionName=throttled, ReservedConcurrentExecutions=0
         )
-        backbone = Backbone(
-            BackboneConfig(artifacts, lambda_endpoint=host.endpoint_url, max_batch=8, max_waiting=max_waiting)
-        )
-        try:
-            with BackgroundServer(create_app(backbone)) as server:
-                url = f"{server.url}/v1/completions"
+        return host
 
-                def client(index: int, deadline: float) -> None:
-                    local = random.Random(seed * 1000 + index)
-                    with httpx.Client(timeout=120) as http:
-                        while time.monotonic() < deadline:
-                            prompt = local.choice(DEMO_PROMPTS)
-                            body = {
-                                "model": backbone.model_name,
-                                "prompt": prompt,
-                                "max_tokens": MAX_TOKENS,
-                                "temperature": 0,
-                            }
-                            started = time.perf_counter()
-                            try:
-                                response = http.post(url, json=body)
-                            except httpx.HTTPError:
-                                key = "errors"
-                            else:
-                                key = _judge(response, expected[prompt])
-                            with lock:
-                                outcome[key] += 1
-                                if key == "ok":
-                                    latencies.append((time.perf_counter() - started) * 1e3)
+    config = BackboneConfig(artifacts, max_batch=8, max_waiting=max_waiting, replan_interval_s=0)
+    with running_service(config, 0, start_host) as (server, backbone, host):
+        url = f"{server.url}/v1/completions"
 
-                killer = Killer(host, [c.name for c in configs], kill_every_s, rng)
-                if kill_every_s > 0:
-                    killer.start()
-                deadline = time.monotonic() + seconds
-                with ThreadPoolExecutor(clients) as pool:
-                    list(pool.map(lambda i: client(i, deadline), range(clients)))
-                killer.stop.set()
-                overload = _overload(url, backbone.model_name, burst)
-            stats = {
-                name: backbone.stats.get(name)
-                for name in ("retries", "fallbacks", "invoke_errors", "throttles")
-            }
-        finally:
-            backbone.close()
+        def client(index: int, deadline: float) -> None:
+            local = random.Random(seed * 1000 + index)
+            with httpx.Client(timeout=120) as http:
+                while time.monotonic() < deadline:
+                    prompt = local.choice(DEMO_PROMPTS)
+                    body = {
+                        "model": backbone.model_name,
+                        "prompt": prompt,
+                        "max_tokens": MAX_TOKENS,
+                        "temperature": 0,
+                    }
+                    started = time.perf_counter()
+                    try:
+                        response = http.post(url, json=body)
+                    except httpx.HTTPError:
+                        key = "errors"
+                    else:
+                        key = _judge(response, expected[prompt])
+                    with lock:
+                        outcome[key] += 1
+                        if key == "ok":
+                            latencies.append((time.perf_counter() - started) * 1e3)
+
+        killer = Killer(host, [c.name for c in configs], kill_every_s, rng)
+        if kill_every_s > 0:
+            killer.start()
+        deadline = time.monotonic() + seconds
+        with ThreadPoolExecutor(clients) as pool:
+            list(pool.map(lambda i: client(i, deadline), range(clients)))
+        killer.stop.set()
+        overload = _overload(url, backbone.model_name, burst)
+        stats = {
+            name: backbone.stats.get(name) for name in ("retries", "fallbacks", "invoke_errors", "throttles")
+        }
         bill = host.meter.snapshot()["totals"]
     served = sum(outcome.values())
     failures = outcome["wrong"] + outcome["incomplete"] + outcome["status_5xx"] + outcome["status_other"]

@@ -27,3 +27,7 @@ class PlanError(MoelessError):
 
 class LambdaHostError(MoelessError):
     """The local Lambda host could not start its functions (port in use, provisioned init failed...)."""
+
+
+class SimulationError(MoelessError):
+    """A simulation asked of something it cannot replay (a malformed arrival spec, an unknown policy)."""

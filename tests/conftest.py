@@ -23,7 +23,7 @@ class TinyFactory:
         self._packages: dict[tuple, Path] = {}
 
     def model(self, arch: str = "mixtral", **sizes: int) -> Path:
-        from moeless.tiny import TinySpec, build_tiny_model
+        from moeless.model.tiny import TinySpec, build_tiny_model
 
         key = (arch, tuple(sorted(sizes.items())))
         if key not in self._models:
@@ -32,7 +32,7 @@ class TinyFactory:
         return self._models[key]
 
     def package(self, arch: str = "mixtral", dtype: str = "fp32", **sizes: int) -> Path:
-        from moeless.packaging import package
+        from moeless.model.packaging import package
 
         key = (arch, dtype, tuple(sorted(sizes.items())))
         if key not in self._packages:

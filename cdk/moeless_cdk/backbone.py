@@ -15,7 +15,7 @@ from aws_cdk import aws_iam as iam
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from moeless.stage import ALIAS
+from moeless.contracts import environment as E
 from moeless_cdk.config import DeployConfig
 from moeless_cdk.images import backbone_image
 from moeless_cdk.nag import acknowledge, nag_form
@@ -88,11 +88,11 @@ class BackboneStack(Stack):
             memory_reservation_mib=12 * 1024,
             port_mappings=[ecs.PortMapping(container_port=SERVICE_PORT)],
             environment={
-                "MOELESS_ARTIFACTS": config.artifacts_uri,
-                "MOELESS_PLAN": config.plan_uri,
-                "MOELESS_FUNCTION_PREFIX": config.names.function_prefix,
-                "MOELESS_QUALIFIER": ALIAS,
-                "MOELESS_DEVICE": "cuda",
+                E.ARTIFACTS: config.artifacts_uri,
+                E.PLAN: config.plan_uri,
+                E.FUNCTION_PREFIX: config.names.function_prefix,
+                E.QUALIFIER: E.ALIAS,
+                E.DEVICE: "cuda",
             },
             logging=ecs.LogDrivers.aws_logs(
                 stream_prefix="backbone", log_retention=logs.RetentionDays.ONE_MONTH
@@ -112,7 +112,7 @@ class BackboneStack(Stack):
         )
         stage_objects = config.objects_arn(f"{config.stage}/*")
         statements = {
-            config.functions_arn(f":{ALIAS}"): [
+            config.functions_arn(f":{E.ALIAS}"): [
                 "lambda:InvokeFunction",
                 "lambda:GetProvisionedConcurrencyConfig",
                 "lambda:PutProvisionedConcurrencyConfig",

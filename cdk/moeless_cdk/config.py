@@ -28,10 +28,10 @@ from typing import Any
 
 from aws_cdk import Aws
 
+from moeless.contracts.manifest import Manifest, load_manifest
+from moeless.contracts.plan import Plan, plan_for
+from moeless.deployment.stage import StageNames
 from moeless.errors import MoelessError
-from moeless.manifest import Manifest, load_manifest
-from moeless.plan import Plan, plan_for
-from moeless.stage import StageNames
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPERT_CODES = ("s3", "image")

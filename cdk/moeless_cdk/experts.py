@@ -17,8 +17,8 @@ from aws_cdk import aws_lambda as lambda_
 from aws_cdk import aws_logs as logs
 from constructs import Construct
 
-from moeless.plan import FunctionSpec
-from moeless.stage import ALIAS
+from moeless.contracts.environment import ALIAS, EXPERTS, EXPERTS_URI, encode_expert_list
+from moeless.contracts.plan import FunctionSpec
 from moeless_cdk.config import DeployConfig, regional_arn
 from moeless_cdk.images import ExpertImages
 from moeless_cdk.nag import acknowledge, nag_form
@@ -41,9 +41,9 @@ def ephemeral_mb(spec: FunctionSpec, config: DeployConfig) -> int:
 
 
 def environment(spec: FunctionSpec, config: DeployConfig) -> dict[str, str]:
-    env = {"MOELESS_EXPERTS": ",".join(f"{layer}:{expert}" for layer, expert in spec.experts)}
+    env = {EXPERTS: encode_expert_list(spec.experts)}
     if config.expert_code == "s3":
-        env["MOELESS_EXPERTS_URI"] = config.artifacts_uri
+        env[EXPERTS_URI] = config.artifacts_uri
     return env
 
 

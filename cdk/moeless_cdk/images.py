@@ -19,7 +19,7 @@ from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
 
-from moeless.manifest import MANIFEST_NAME
+from moeless.contracts.manifest import MANIFEST_NAME
 from moeless_cdk.config import REPO_ROOT, DeployConfig, DeployConfigError
 
 EXPERT_DOCKERFILE = "functions/expert/Dockerfile"

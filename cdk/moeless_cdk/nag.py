@@ -1,7 +1,7 @@
 """cdk-nag's AwsSolutions checks, and the one way this app acknowledges a finding: with its reason.
 
 Every acknowledgement sits next to the construct it is about (it covers that construct's
-children), so the reason is read where the choice is made; ``tests/test_cdk_app.py`` fails on
+children), so the reason is read where the choice is made; ``tests/deployment/test_cdk_app.py`` fails on
 any finding not acknowledged. Rules that report several findings per resource (IAM5) are
 acknowledged one finding at a time: ``AwsSolutions-IAM5[Resource::...]``.
 """

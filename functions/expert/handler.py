@@ -2,14 +2,14 @@
 
 Init (module import, Lambda's init phase) loads and checksum-checks the experts named by
 the environment (see ``moeless/expert_function.py``); each invoke runs one expert on the
-payload of DESIGN.md and returns its output with ``init_ms`` and ``compute_ms``, as JSON bytes
+payload of docs/design.md and returns its output with ``init_ms`` and ``compute_ms``, as JSON bytes
 (awslambdaric passes bytes through; serialising the long base64 string itself is slower).
 """
 
 import os
 
-from moeless.expert_function import ExpertFunction
-from moeless.expert_payload import payload_json
+from moeless.contracts.payload import payload_json
+from moeless.experts.function import ExpertFunction
 
 FUNCTION = ExpertFunction.from_env(os.environ)
 

@@ -7,10 +7,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from moeless.aws_prices import vcpus_for_memory
+from moeless.contracts.environment import ALIAS, EXPERTS, EXPERTS_URI, THREADS, encode_expert_list
+from moeless.contracts.plan import Plan
 from moeless.errors import LambdaHostError
 from moeless.lambda_host.host import LambdaHost
 from moeless.lambda_host.instance import FunctionConfig
-from moeless.plan import Plan
 
 EXPERT_HANDLER = "handler.handler"
 
@@ -33,9 +34,9 @@ def expert_function_configs(
             task_root=Path(task_root).resolve(),
             handler=EXPERT_HANDLER,
             environment={
-                "MOELESS_EXPERTS_URI": str(Path(artifacts).resolve()),
-                "MOELESS_EXPERTS": ",".join(f"{layer}:{expert}" for layer, expert in spec.experts),
-                "MOELESS_THREADS": str(vcpus_for_memory(spec.memory_mb)),
+                EXPERTS_URI: str(Path(artifacts).resolve()),
+                EXPERTS: encode_expert_list(spec.experts),
+                THREADS: str(vcpus_for_memory(spec.memory_mb)),
             },
             memory_mb=spec.memory_mb,
             timeout_s=timeout_s,
@@ -51,7 +52,7 @@ def start_expert_host(
     plan: Plan,
     task_root: Path,
     port: int = 0,
-    alias: str = "live",
+    alias: str = ALIAS,
     max_instances: int = 64,
     idle_timeout_s: float = 300.0,
     timeout_s: float = 30.0,
@@ -67,7 +68,7 @@ def start_expert_host(
         LambdaHostError: the port is taken, or provisioned instances failed to initialise.
     """
     from moeless.lambda_host.client import lambda_client
-    from moeless.provisioning import apply_concurrency
+    from moeless.planning.provisioning import apply_concurrency
 
     configs = expert_function_configs(artifacts, plan, task_root, timeout_s=timeout_s)
     try:

@@ -18,16 +18,12 @@ from typing import Any
 
 from moeless.lambda_host.instance import FunctionConfig
 from moeless.lambda_host.meter import BillingMeter
-from moeless.lambda_host.pool import FunctionPool
+from moeless.lambda_host.pool import FunctionNotFound, FunctionPool
 
 # Lambda's default account limit is 1,000 concurrent executions; one machine runs far fewer processes.
 DEFAULT_MAX_INSTANCES = 64
 # Lambda keeps an idle environment for minutes (unspecified, typically 5-15); locally a shorter default.
 DEFAULT_IDLE_TIMEOUT_S = 300.0
-
-
-class FunctionNotFound(KeyError):
-    """No function of that name on this host."""
 
 
 class LambdaHost:
@@ -57,8 +53,11 @@ class LambdaHost:
         self.meter = BillingMeter()
         self.max_instances = max_instances
         self.idle_timeout_s = idle_timeout_s
-        self._tmp = None if log_dir else tempfile.TemporaryDirectory(prefix="moeless-lambda-logs-")
-        self.log_dir = log_dir or Path(self._tmp.name)
+        self._tmp: tempfile.TemporaryDirectory[str] | None = None
+        if log_dir is None:
+            self._tmp = tempfile.TemporaryDirectory(prefix="moeless-lambda-logs-")
+            log_dir = Path(self._tmp.name)
+        self.log_dir = log_dir
         self.pools = {
             f.name: FunctionPool(f, self.lock, self.meter, self.log_dir, self.make_room) for f in functions
         }

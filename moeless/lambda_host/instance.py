@@ -152,7 +152,7 @@ class Instance:
     @property
     def runtime_api(self) -> str:
         host, port = self.server.server_address[:2]
-        return f"{host}:{port}"
+        return f"{host!s}:{port}"
 
     def _environment(self) -> dict[str, str]:
         config = self.config

@@ -16,15 +16,14 @@ import json
 import re
 import threading
 import uuid
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from moeless.lambda_host.httpserver import JsonHandler, LocalHTTPServer
 from moeless.lambda_host.instance import error_body, function_arn
-from moeless.lambda_host.pool import Throttled
-
-if TYPE_CHECKING:
-    from moeless.lambda_host.host import LambdaHost
+from moeless.lambda_host.meter import BillingMeter
+from moeless.lambda_host.pool import FunctionNotFound, FunctionPool, Throttled
 
 # Lambda's synchronous payload limits (request and response), in bytes
 MAX_REQUEST_BYTES = 6 * 1024 * 1024
@@ -58,11 +57,26 @@ class ApiError(Exception):
         self.status, self.error_type, self.extra = status, error_type, extra
 
 
+class HostedFunctions(Protocol):
+    """What the API serves (a :class:`~moeless.lambda_host.host.LambdaHost`): its functions by
+    name, their bill, and a description of every instance."""
+
+    @property
+    def pools(self) -> Mapping[str, FunctionPool]: ...
+
+    @property
+    def meter(self) -> BillingMeter: ...
+
+    def pool(self, name: str) -> FunctionPool: ...
+
+    def describe(self) -> dict[str, Any]: ...
+
+
 class _InvokeApiServer(LocalHTTPServer):
-    host: LambdaHost
+    host: HostedFunctions
 
 
-def serve(host: LambdaHost, port: int = 0) -> LocalHTTPServer:
+def serve(host: HostedFunctions, port: int = 0) -> LocalHTTPServer:
     """Start the API on 127.0.0.1:``port`` in a background thread; returns the server."""
     server = _InvokeApiServer(("127.0.0.1", port), _ApiHandler)
     server.host = host
@@ -114,8 +128,6 @@ class _ApiHandler(JsonHandler):
         self.send_json(status, payload, headers | {"x-amzn-RequestId": request_id})
 
     def _pool(self, name: str) -> Any:
-        from moeless.lambda_host.host import FunctionNotFound
-
         try:
             return self.server.host.pool(name)
         except FunctionNotFound:

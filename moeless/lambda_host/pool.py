@@ -25,6 +25,10 @@ INIT_TIMEOUT_S = 60.0
 LOG_TAIL_BYTES = 4096
 
 
+class FunctionNotFound(KeyError):
+    """No function of that name on this host."""
+
+
 class Throttled(Exception):
     """429 TooManyRequestsException, with Lambda's reason code."""
 
@@ -195,7 +199,7 @@ class FunctionPool:
             if instance.init_error is not None:
                 config.failure = instance.init_error.decode("utf-8", "replace")
                 return
-            if self._count(qualifier) < config.requested:
+            if qualifier is not None and self._count(qualifier) < config.requested:
                 self._spawn(qualifier)  # keep the provisioned count: replace the lost instance
 
     def _retire(self, instance: Instance) -> None:

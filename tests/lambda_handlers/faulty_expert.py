@@ -5,8 +5,8 @@
 import os
 import time
 
-from moeless.expert_function import ExpertFunction
-from moeless.expert_payload import payload_json
+from moeless.contracts.payload import payload_json
+from moeless.experts.function import ExpertFunction
 
 FUNCTION = ExpertFunction.from_env(os.environ)
 FAULT = os.environ.get("FAULT", "")

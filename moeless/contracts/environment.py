@@ -1,0 +1,64 @@
+"""The environment contract between the deployables: the variables the backbone container and the
+expert function read, the alias expert functions are invoked on, and the defaults they share.
+
+One home for these, so that the CDK app, the local Lambda host, the emulator mirror, the backbone
+container and the CLI cannot drift apart.
+
+Backbone service (``backbone_service/main.py``):
+
+    MOELESS_ARTIFACTS         the package: a folder, or ``s3://bucket/prefix``
+    MOELESS_ARTIFACTS_CACHE   where an S3 package is fetched to
+    MOELESS_PLAN              plan.json: a path or ``s3://bucket/key`` (optional)
+    MOELESS_FUNCTION_PREFIX   the deployed functions' name prefix (``moeless-STAGE-``)
+    MOELESS_LAMBDA_ENDPOINT   a local host's URL; unset on AWS
+    MOELESS_QUALIFIER         the alias to invoke (default :data:`ALIAS`)
+    MOELESS_DEVICE            auto | cuda | cpu
+    MOELESS_MAX_BATCH         sequences per step (default :data:`DEFAULT_MAX_BATCH`)
+    MOELESS_REPLAN_INTERVAL   seconds between re-provisioning (default :data:`DEFAULT_REPLAN_INTERVAL_S`)
+
+Expert function (``functions/expert/handler.py``):
+
+    MOELESS_EXPERTS_URI       folder or ``s3://bucket/prefix`` holding ``manifest.json`` and ``experts/``
+    MOELESS_EXPERTS           the experts it hosts, :func:`encode_expert_list`'s ``"L:E,L:E"``
+    MOELESS_THREADS           onnxruntime intra-op threads (default: the instance's vCPUs)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+ALIAS = "live"
+"""The alias every expert function is invoked on; it carries the provisioned concurrency."""
+
+DEFAULT_REPLAN_INTERVAL_S = 60.0
+"""Seconds between re-provisioning from observed loads while serving (0: never)."""
+
+DEFAULT_MAX_BATCH = 16
+"""Sequences the backbone runs in one engine step."""
+
+ARTIFACTS = "MOELESS_ARTIFACTS"
+ARTIFACTS_CACHE = "MOELESS_ARTIFACTS_CACHE"
+PLAN = "MOELESS_PLAN"
+FUNCTION_PREFIX = "MOELESS_FUNCTION_PREFIX"
+LAMBDA_ENDPOINT = "MOELESS_LAMBDA_ENDPOINT"
+QUALIFIER = "MOELESS_QUALIFIER"
+DEVICE = "MOELESS_DEVICE"
+MAX_BATCH = "MOELESS_MAX_BATCH"
+REPLAN_INTERVAL = "MOELESS_REPLAN_INTERVAL"
+EXPERTS_URI = "MOELESS_EXPERTS_URI"
+EXPERTS = "MOELESS_EXPERTS"
+THREADS = "MOELESS_THREADS"
+
+
+def encode_expert_list(experts: Iterable[tuple[int, int]]) -> str:
+    """``[(0, 3), (1, 7)]`` -> ``"0:3,1:7"``: the value of ``MOELESS_EXPERTS``."""
+    return ",".join(f"{layer}:{expert}" for layer, expert in experts)
+
+
+def parse_expert_list(text: str) -> list[tuple[int, int]]:
+    """``"0:3,1:7"`` -> ``[(0, 3), (1, 7)]``. Raises ``ValueError`` on malformed text."""
+    pairs = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        layer, _, expert = item.partition(":")
+        pairs.append((int(layer), int(expert)))
+    return pairs

@@ -1,0 +1,187 @@
+"""The demo's steps between the parts (``moeless demo``): which prompts, profile once, plan every
+policy, compare with the unsplit model, predict one request, simulate, and write the report.
+
+The command (``moeless/cli/cmd_demo.py``) runs them in order and serves the chosen plan between
+planning and comparing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from moeless.contracts.plan import Placement, Policy
+
+if TYPE_CHECKING:
+    from moeless.contracts.manifest import Manifest
+    from moeless.contracts.plan import Plan
+
+PLAN_POLICIES = tuple(Policy)
+WORKERS = 4
+SHARED_PROMPT_LIMIT = 120
+PROMPT_CHARS = 300  # the demo model's context is short: long prompts are cut
+SIMULATED_S = 300.0
+ARRIVAL = "bursty:1:1.8:60"  # the README study's bursty rate: 1/s mean, 1.8x peaks in 60 s cycles
+
+
+def demo_prompts(path: Path) -> list[str]:
+    """The project's own prompts, then (cut to the demo model's context) those of ``path`` if it exists."""
+    from moeless.demo.prompts import DEMO_PROMPTS
+    from moeless.prediction.trace import read_prompts
+
+    extra = read_prompts(path, SHARED_PROMPT_LIMIT) if path.is_file() else []
+    return list(DEMO_PROMPTS) + [p[:PROMPT_CHARS] for p in extra]
+
+
+def profile_or_reuse(
+    model_dir: Path,
+    out: Path,
+    prompts: list[str],
+    max_tokens: int,
+    say: Callable[[str], None] = lambda _message: None,
+    progress: bool = True,
+) -> Path:
+    """The trace of ``prompts`` in ``out``: reused when it recorded the same prompts and length."""
+    from moeless.prediction.trace import load_trace, profile
+
+    if (out / "meta.json").is_file():
+        trace = load_trace(out)
+        recorded = [p.get("prompt") for p in trace.prompts]
+        if recorded == prompts and trace.meta.get("max_new_tokens") == max_tokens:
+            say(f"reusing the trace of {len(prompts)} prompts in {out}")
+            return out
+    profile(model_dir, prompts, out, max_new_tokens=max_tokens, progress=progress)
+    return out
+
+
+def plan_every_policy(trace_dir: Path, manifest: Manifest, out: Path) -> dict[str, Plan]:
+    """Each policy's plan from the trace's loads, checked to fit and saved as ``out/POLICY.json``."""
+    from moeless.planning.planner import PlanRequest, make_plan
+    from moeless.prediction.trace import load_trace
+
+    loads = load_trace(trace_dir).loads()
+    plans: dict[str, Plan] = {}
+    for name in PLAN_POLICIES:
+        workers = WORKERS if name != Policy.REMOE else None
+        plan = make_plan(loads, PlanRequest(name, workers=workers), manifest)
+        plan.check_fits(manifest)
+        plan.save(out / f"{name}.json")
+        plans[name] = plan
+    return plans
+
+
+def same_as_unsplit(model_dir: Path, answers: list[tuple[str, str]], max_tokens: int) -> list[bool]:
+    """Per (prompt, answer): is it the unsplit model's greedy text, token for token?"""
+    from moeless.model.reference import greedy_texts
+
+    expected = greedy_texts(model_dir, [prompt for prompt, _ in answers], max_tokens)
+    return [text == want for (_, text), want in zip(answers, expected, strict=True)]
+
+
+def predicted_vs_actual(trace_dir: Path) -> tuple[str, list[tuple[int, list[int], list[int]]]]:
+    """Similar-Prompt Search fitted on every other profiled prompt, asked about the first one."""
+    import numpy as np
+
+    from moeless.prediction.predictors import Embedder, cover_set, fit_sps, request_shares
+    from moeless.prediction.trace import load_trace
+
+    trace = load_trace(trace_dir)
+    requests = np.unique(trace.request)
+    held_out, others = requests[0], requests[1:]
+    sps = fit_sps(trace, others, Embedder())
+    prompt = next(p["prompt"] for p in trace.prompts if p["request"] == held_out)
+    predicted = sps.predict(prompt)
+    rows = []
+    for i, layer in enumerate(trace.layers):
+        actual = request_shares(trace, np.array([held_out]), i)[int(held_out)]
+        rows.append((layer, sorted(cover_set(predicted[i])), sorted(int(e) for e in np.flatnonzero(actual))))
+    return prompt, rows
+
+
+def simulate_policies(trace_dir: Path, out: Path) -> tuple[list[dict[str, Any]], list[Path]]:
+    """Every policy on :data:`SIMULATED_S` s of :data:`ARRIVAL` traffic replayed from the trace:
+    each policy's summary row and the plots written to ``out``."""
+    import numpy as np
+
+    from moeless.prediction.trace import load_trace
+    from moeless.simulation.simulator import arrivals, requests_from_trace
+    from moeless.simulation.study import run_study
+
+    trace = load_trace(trace_dir)
+    times = arrivals(ARRIVAL, SIMULATED_S, np.random.default_rng(0))
+    replay = requests_from_trace(trace, times)
+    describe = [f"- requests: {len(replay)} ({ARRIVAL} for {SIMULATED_S:.0f} s), replayed from {trace_dir}"]
+    policies = ["static", "moeless", "remoe"]
+    results, plots = run_study(
+        trace.loads(),
+        int(trace.meta["top_k"]),
+        replay,
+        policies,
+        SIMULATED_S,
+        out,
+        describe,
+        WORKERS,
+        progress=False,
+    )
+    return [r.summary() for r in results], plots
+
+
+def demo_report(
+    answers: list[tuple[str, str]],
+    same: list[bool],
+    prediction: tuple[str, list[tuple[int, list[int], list[int]]]],
+    plans: dict[str, Plan],
+    policy: str,
+    bill: dict[str, Any],
+    rows: list[dict[str, Any]],
+    plots: list[Path],
+) -> str:
+    """The demo's report as Markdown-ish text: answers, prediction, plans, bill, simulation."""
+    from moeless.lambda_host.meter import format_bill
+
+    lines = ["", "## Answers (greedy, through the REST endpoint)"]
+    for (prompt, text), ok in zip(answers, same, strict=True):
+        lines.append(f"  {'same as unsplit' if ok else 'DIFFERENT'}  {prompt!r} -> {text!r}")
+    lines.append(f"split system = unsplit model on {sum(same)}/{len(same)} prompts")
+    prompt, layers = prediction
+    lines += ["", f"## Predicted vs actual experts of one request (SPS, held out): {prompt!r}"]
+    for layer, predicted, actual in layers:
+        hit = len(set(predicted) & set(actual)) / max(len(actual), 1)
+        lines.append(
+            f"  layer {layer}: predicted {predicted}  actual {actual}  ({hit:.0%} of actual predicted)"
+        )
+    lines += ["", f"## Plans (served: {policy})"]
+    for name, plan in plans.items():
+        warm = sum(f.provisioned_concurrency for f in plan.functions)
+        cost = plan.estimate.cost_per_1k_requests if plan.estimate else None
+        lines.append(
+            f"  {name:<8} {len(plan.functions):>3} functions, {warm:>3} provisioned instances"
+            + (f", estimated ${cost:.4f} per 1k requests" if isinstance(cost, float) else "")
+            + ("  (every expert fits in the backbone's memory)" if not plan.functions else "")
+        )
+    lines.append(f"  {policy}: expert x replicas (provisioned concurrency of its first function)")
+    functions = {f.name: f for f in plans[policy].functions}
+    by_layer: dict[int, list[str]] = {}
+    for placement in plans[policy].experts:
+        pc = functions[placement.function].provisioned_concurrency if placement.function in functions else 0
+        where = "" if placement.placement == Placement.FUNCTION else " on backbone"
+        by_layer.setdefault(placement.layer, []).append(
+            f"e{placement.expert}x{placement.replicas}/pc{pc}{where}"
+        )
+    lines += [f"  layer {layer}: {' '.join(items)}" for layer, items in sorted(by_layer.items())]
+    lines += ["", "## The local Lambda host's bill", format_bill(bill, max_rows=5)]
+    lines += ["", "## Simulated cost and latency (vs serverful expert parallelism, `static`)"]
+    base = next(r for r in rows if r["policy"] == Policy.STATIC)
+    lines.append(
+        f"  {'policy':<8} {'$ per 1k req':>12} {'vs static':>9} {'p50 ms':>8} {'p99 ms':>8} {'cold':>5}"
+    )
+    for r in rows:
+        ratio = r["usd_per_1k_requests"] / base["usd_per_1k_requests"] if base["usd_per_1k_requests"] else 0.0
+        lines.append(
+            f"  {r['policy']:<8} {r['usd_per_1k_requests']:>12.4f} {ratio:>8.2f}x "
+            f"{r['request_ms_p50']:>8.0f} {r['request_ms_p99']:>8.0f} {r['cold_starts']:>5}"
+        )
+    lines.append("  plots: " + ", ".join(str(p) for p in plots))
+    lines.append("  (constants, their sources and the experts' assumed size: report.md beside the plots)")
+    return "\n".join(lines)

@@ -1,0 +1,112 @@
+"""The model rebuilt from artifacts: transformers' own backbone with the routed experts
+replaced by :class:`DispatchedExperts`, which hands token rows to an :class:`ExpertExecutor`.
+
+Everything except the experts stays transformers' code: attention, norms, routers (with
+each architecture's own routing rule), shared experts. The replacement keeps the experts
+module's contract, ``forward(hidden [T, H], top_k_index [T, k], top_k_weights [T, k]) -> [T, H]``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moeless.contracts.manifest import Manifest, load_manifest
+from moeless.errors import ArtifactError
+from moeless.experts.runtime import ExpertExecutor, OnnxExpertPool, check_backbone_files
+from moeless.model.layout import build_meta_model, moe_layout
+
+
+def _dispatched_experts_class() -> type:
+    from torch import nn
+
+    class DispatchedExperts(nn.Module):
+        """Drop-in for a layer's fused experts module that runs experts through an executor."""
+
+        def __init__(self, layer: int, num_experts: int, executor: ExpertExecutor) -> None:
+            super().__init__()
+            self.layer = layer
+            self.num_experts = num_experts
+            self.executor = executor
+
+        def forward(self, hidden_states: Any, top_k_index: Any, top_k_weights: Any) -> Any:
+            import torch
+
+            # Experts run on CPU (in functions or onnxruntime): route and combine on CPU, then
+            # hand the result back on the backbone's device (a no-op on a CPU backbone).
+            device = hidden_states.device
+            hidden_states, top_k_index, top_k_weights = (
+                t.cpu() for t in (hidden_states, top_k_index, top_k_weights)
+            )
+            # 1. Group token rows by expert: (token, slot) pairs for every chosen expert.
+            token_idx, slot_idx = torch.nonzero(
+                (top_k_index >= 0) & (top_k_index < self.num_experts), as_tuple=True
+            )
+            experts = top_k_index[token_idx, slot_idx]
+            order = torch.argsort(experts, stable=True)
+            token_idx, slot_idx, experts = token_idx[order], slot_idx[order], experts[order]
+            ids, counts = torch.unique_consecutive(experts, return_counts=True)
+            rows = hidden_states.detach().to(torch.float32).cpu().numpy()
+            groups = torch.split(torch.arange(len(experts)), counts.tolist())
+            inputs = {int(e): rows[token_idx[g].numpy()] for e, g in zip(ids.tolist(), groups, strict=True)}
+            # 2. Run every needed expert of this layer.
+            outputs = self.executor.run(self.layer, inputs)
+            # 3. Combine with the routing weights, in expert order as transformers does.
+            final = torch.zeros_like(hidden_states)
+            for e, g in zip(ids.tolist(), groups, strict=True):
+                out = torch.from_numpy(np.asarray(outputs[int(e)])).to(hidden_states.dtype)
+                weighted = out * top_k_weights[token_idx[g], slot_idx[g], None].to(hidden_states.dtype)
+                final.index_add_(0, token_idx[g], weighted)
+            return final.to(device)
+
+    return DispatchedExperts
+
+
+def load_split_model(
+    artifacts_dir: Path,
+    executor: ExpertExecutor | None = None,
+    manifest: Manifest | None = None,
+    dtype: Any = None,
+    device: str = "cpu",
+) -> Any:
+    """Load the backbone from artifacts into its transformers class, experts via ``executor``.
+
+    Args:
+        artifacts_dir: output of ``moeless package``.
+        executor: runs the routed experts; default: in-process onnxruntime over the artifacts.
+        dtype: backbone dtype (default float32).
+        device: ``cpu`` or ``cuda``.
+
+    Raises:
+        ArtifactError: a backbone file is missing or fails its checksum, or tensors are missing.
+    """
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    artifacts_dir = Path(artifacts_dir)
+    manifest = manifest or load_manifest(artifacts_dir)
+    check_backbone_files(artifacts_dir, manifest)
+    executor = executor or OnnxExpertPool(artifacts_dir, manifest)
+    config = AutoConfig.from_pretrained(artifacts_dir / "backbone", local_files_only=True)
+    model = build_meta_model(config)
+    layout = moe_layout(model, manifest.num_experts)
+    dispatched = _dispatched_experts_class()
+    for layer, path in layout.experts_modules.items():
+        parent_path, _, attr = path.rpartition(".")
+        setattr(model.get_submodule(parent_path), attr, dispatched(layer, manifest.num_experts, executor))
+    state: dict[str, Any] = {}
+    for entry in manifest.backbone_files():
+        if entry.file.endswith(".safetensors"):
+            state.update(load_file(artifacts_dir / entry.file))
+    result = model.load_state_dict(state, strict=False, assign=True)
+    if result.unexpected_keys:
+        raise ArtifactError(f"backbone has tensors the model does not: {result.unexpected_keys[:3]}")
+    if getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    still_meta = [name for name, p in model.named_parameters() if p.device.type == "meta"]
+    if still_meta:
+        raise ArtifactError(f"backbone lacks {len(still_meta)} tensors (first: {still_meta[0]!r})")
+    return model.to(device=device, dtype=dtype or torch.float32).eval()

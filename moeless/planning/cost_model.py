@@ -1,0 +1,140 @@
+"""One model of what an expert costs and how long it takes, used by the planner and the simulator.
+
+Every constant says where it comes from: a benchmark of this project (command and figure), a
+fact in docs/design.md, or a stated price or assumption with its date. ``CostModel.sources()`` lists
+them for reports.
+
+Expert time on ``v`` vCPUs for ``n`` tokens (SwiGLU expert, fp32): it either streams its weights
+from memory or is bound by arithmetic, whichever is slower:
+
+    t(n) = max(weight_bytes / (v * mem_gbps), 6 * H * I * n / (v * gflops))
+
+Calibrated with ``benchmarks/expert_runtime.py`` (2 threads, onnxruntime fp32): 4096 x 14336 took
+21.8 ms at 1 token (705 MB -> 32 GB/s, 16 per vCPU) and 140.8 ms at 64 tokens (22.5 GFLOP ->
+160 GFLOP/s, 80 per vCPU); checked against 1024 x 2816 at 8 tokens: model 1.08 ms, measured 1.12.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from moeless.aws_prices import PRICES, LambdaPrices, billed_ms, gb_seconds, vcpus_for_memory
+from moeless.errors import PlanError
+
+# Lambda memory sizes the planner chooses from: 1..6 full vCPUs (1,769 MB per vCPU).
+MEMORY_OPTIONS_MB = (1769, 3538, 5307, 7076, 8845, 10240)
+
+
+@dataclass(frozen=True)
+class ExpertShape:
+    """One routed expert's sizes: what its compute time, memory and cold start follow from."""
+
+    hidden: int
+    intermediate: int
+    weight_bytes: float
+
+
+@dataclass(frozen=True)
+class GpuInstance:
+    name: str
+    hourly_usd: float
+    gpu_memory_gb: float
+
+
+# On-demand Linux prices, us-east-1, read 2026-11 from aws.amazon.com/ec2/pricing/on-demand (re-check).
+GPU_INSTANCES = {
+    "g6.xlarge": GpuInstance("g6.xlarge", 0.8048, 24.0),
+    "g5.xlarge": GpuInstance("g5.xlarge", 1.006, 24.0),
+    "p4d.24xlarge": GpuInstance("p4d.24xlarge", 32.7726, 320.0),
+}
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """Latency and price inputs of the planner and the simulator."""
+
+    mem_gbps_per_vcpu: float = 16.0
+    gflops_per_vcpu: float = 80.0
+    # warm invoke overhead, p50: local host measured (benchmarks/invoke_overhead.py, 8 x 1024 via boto3);
+    # AWS: an assumption for an in-region synchronous invoke of a warm function (re-check on a deployment)
+    invoke_overhead_ms_local: float = 2.7
+    invoke_overhead_ms_aws: float = 15.0
+    # cold start = process start + session init; local process start measured 125-143 ms and session init
+    # ~6.9 ms per MB of ONNX (4,896 ms for 705 MB) by benchmarks/invoke_overhead.py; AWS container images
+    # take 1-10 s (docs/design.md): 1 s base is the optimistic end
+    cold_start_base_ms: float = 1000.0
+    cold_start_ms_per_mb: float = 6.9
+    # resident set of an expert function beyond its weights (python, numpy, onnxruntime): an estimate
+    runtime_overhead_mb: int = 400
+    # in-process expert time on the backbone's GPU relative to one Lambda vCPU: an assumption
+    gpu_speedup: float = 50.0
+    gpu: GpuInstance = field(default_factory=lambda: GPU_INSTANCES["g5.xlarge"])
+    prices: LambdaPrices = PRICES
+    aws: bool = True
+
+    @property
+    def invoke_overhead_ms(self) -> float:
+        return self.invoke_overhead_ms_aws if self.aws else self.invoke_overhead_ms_local
+
+    def expert_ms(
+        self, tokens: float, hidden: int, intermediate: int, vcpus: float, weight_bytes: float
+    ) -> float:
+        """Compute time of one expert call on ``vcpus`` (0 tokens: no call, 0 ms)."""
+        if tokens <= 0:
+            return 0.0
+        memory_ms = weight_bytes / (vcpus * self.mem_gbps_per_vcpu * 1e9) * 1e3
+        compute_ms = 6.0 * hidden * intermediate * tokens / (vcpus * self.gflops_per_vcpu * 1e9) * 1e3
+        return max(memory_ms, compute_ms)
+
+    def backbone_expert_ms(self, tokens: float, hidden: int, intermediate: int, weight_bytes: float) -> float:
+        return self.expert_ms(tokens, hidden, intermediate, self.gpu_speedup, weight_bytes)
+
+    def function_memory_mb(self, weight_bytes: float) -> int:
+        """Smallest full-vCPU size that holds the weights and the runtime."""
+        needed = weight_bytes / 2**20 + self.runtime_overhead_mb
+        for option in MEMORY_OPTIONS_MB:
+            if option >= needed:
+                return option
+        raise PlanError(
+            f"{needed:.0f} MB of experts and runtime do not fit one Lambda function (10,240 MB at most): "
+            "host fewer experts per function (more --workers)"
+        )
+
+    def cold_start_ms(self, weight_bytes: float) -> float:
+        return self.cold_start_base_ms + self.cold_start_ms_per_mb * weight_bytes / 1e6
+
+    def invoke_usd(self, duration_ms: float, memory_mb: int, provisioned: bool = False) -> float:
+        """One invoke: the request plus its billed duration."""
+        rate = self.prices.provisioned_duration_per_gb_second if provisioned else self.prices.per_gb_second
+        return self.prices.per_request + gb_seconds(billed_ms(duration_ms), memory_mb) * rate
+
+    def provisioned_usd_per_s(self, memory_mb: int, concurrency: int) -> float:
+        return concurrency * memory_mb / 1024 * self.prices.provisioned_per_gb_second
+
+    def gpu_usd_per_gb_s(self) -> float:
+        """The backbone GPU's price per GB of its memory per second (what a resident expert occupies)."""
+        return self.gpu.hourly_usd / 3600 / self.gpu.gpu_memory_gb
+
+    def vcpus(self, memory_mb: int) -> int:
+        return vcpus_for_memory(memory_mb)
+
+    def sources(self) -> list[str]:
+        return [
+            "expert compute: benchmarks/expert_runtime.py (4096x14336 fp32: 21.8 ms @1 token, "
+            "140.8 ms @64 tokens on 2 threads) -> 16 GB/s and 80 GFLOP/s per vCPU",
+            f"warm invoke overhead: {self.invoke_overhead_ms_local} ms local "
+            f"(benchmarks/invoke_overhead.py), {self.invoke_overhead_ms_aws} ms on AWS (assumption)",
+            f"cold start: {self.cold_start_base_ms:.0f} ms + {self.cold_start_ms_per_mb} ms/MB "
+            "(docs/design.md: 1-10 s for ML images; per-MB session init from benchmarks/invoke_overhead.py)",
+            "Lambda: 1,769 MB = 1 vCPU, up to 6 vCPUs at 10,240 MB (docs/design.md)",
+            f"prices: {self.prices.source}",
+            f"backbone GPU: {self.gpu.name} ${self.gpu.hourly_usd}/h, {self.gpu.gpu_memory_gb} GB "
+            "(aws.amazon.com/ec2/pricing/on-demand, us-east-1, read 2026-11)",
+            f"in-process expert on the GPU: {self.gpu_speedup}x one vCPU (assumption)",
+        ]
+
+
+def steps_with_expert(share: float, selections_per_step: float) -> float:
+    """Probability that an expert with routing ``share`` is picked in a step of ``selections_per_step``."""
+    return 1.0 - math.pow(max(0.0, 1.0 - share), max(0.0, selections_per_step))

@@ -1,0 +1,166 @@
+"""The backbone service's engine room: split model + Lambda dispatch + continuous batching.
+
+:class:`Backbone` wires the parts together from a package and a plan; the FastAPI app in
+``backbone_service/`` is a thin layer of routes over it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from moeless.contracts.environment import ALIAS, DEFAULT_MAX_BATCH, DEFAULT_REPLAN_INTERVAL_S
+from moeless.contracts.manifest import load_manifest
+from moeless.contracts.plan import Plan, plan_for
+from moeless.model.reference import eos_token_ids
+from moeless.planning.planner import reprovision
+from moeless.serving.coalesce import StepCoalescer
+from moeless.serving.dispatch import LambdaDispatcher
+from moeless.serving.generation import GenerationEngine, PrewarmHook
+from moeless.serving.replanner import CombinedLoads, Replanner, RollingLoads
+from moeless.serving.stats import ServingStats
+
+DEFAULT_MAX_TOKENS_LIMIT = 1024
+
+
+@dataclass
+class BackboneConfig:
+    """How to serve a package.
+
+    Attributes:
+        artifacts: output of ``moeless package``.
+        plan: plan.json path; ``None``: one function per expert.
+        lambda_endpoint: the local host's URL; ``None``: AWS (boto3's usual configuration).
+        qualifier: alias the functions are invoked on.
+        device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
+        model_name: the name clients pass as ``model`` (default: the artifacts folder's name).
+        max_batch: sequences per engine step.
+        max_waiting: queued requests before 429.
+        max_tokens_limit: largest ``max_tokens`` accepted.
+        attempts: invokes tried per expert call before the in-process fallback.
+        replan_interval_s: re-provision the functions from observed loads this often (0: never).
+        predictor_trace: a trace of this model: Similar-Prompt Search learns from it and pre-warms
+            each request's predicted functions (``None``: no pre-warming).
+        prewarm_idle_s: a function not invoked for this long is presumed cold.
+        function_prefix: the deployed functions' name prefix (``moeless-STAGE-`` on AWS; see
+            :meth:`moeless.contracts.plan.Plan.prefixed`); empty: the plan's names as they are.
+    """
+
+    artifacts: Path
+    plan: Path | None = None
+    lambda_endpoint: str | None = None
+    qualifier: str | None = ALIAS
+    device: str = "auto"
+    model_name: str | None = None
+    max_batch: int = DEFAULT_MAX_BATCH
+    max_waiting: int = 256
+    max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
+    attempts: int = 3
+    replan_interval_s: float = DEFAULT_REPLAN_INTERVAL_S
+    predictor_trace: Path | None = None
+    prewarm_idle_s: float = 240.0
+    function_prefix: str = ""
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return device
+
+
+class Backbone:
+    """The loaded service: tokenizer, split model, dispatcher, engine, stats."""
+
+    def __init__(self, config: BackboneConfig, prewarm: PrewarmHook | None = None) -> None:
+        from transformers import AutoTokenizer
+
+        from moeless.lambda_host.client import lambda_client
+        from moeless.model.split import load_split_model
+
+        self.config = config
+        artifacts = Path(config.artifacts)
+        self.manifest = load_manifest(artifacts)
+        self.plan: Plan = plan_for(self.manifest, config.plan).prefixed(config.function_prefix)
+        self.model_name = config.model_name or artifacts.resolve().name
+        self.stats = ServingStats()
+        concurrency = 64
+        client = lambda_client(config.lambda_endpoint, max_pool_connections=concurrency)
+        self.dispatcher = LambdaDispatcher(
+            artifacts,
+            self.manifest,
+            self.plan,
+            client,
+            qualifier=config.qualifier,
+            attempts=config.attempts,
+            max_concurrency=concurrency,
+            stats=self.stats,
+        )
+        self.coalescer = StepCoalescer(self.dispatcher)
+        self.predicted_loads = RollingLoads(self.manifest.num_experts)
+        self.prewarmer = prewarm or self._prewarmer(config)
+        self.replanner: Replanner | None = None
+        if config.replan_interval_s > 0:
+            self.dispatcher.observed = RollingLoads(self.manifest.num_experts)
+            self.replanner = Replanner(
+                self.plan,
+                CombinedLoads(self.dispatcher.observed, self.predicted_loads),
+                reprovision,
+                client,
+                config.qualifier or ALIAS,
+                config.replan_interval_s,
+            ).start()
+        self.device = resolve_device(config.device)
+        self.model = load_split_model(artifacts, self.coalescer, self.manifest, device=self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(artifacts / "backbone", local_files_only=True)
+        self.max_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.engine = GenerationEngine(
+            self.model,
+            self.tokenizer,
+            self.coalescer,
+            eos_ids=eos_token_ids(self.model),
+            max_batch=config.max_batch,
+            max_waiting=config.max_waiting,
+            stats=self.stats,
+            prewarm=self.prewarmer,
+        )
+
+    def encode(self, prompt: str) -> list[int]:
+        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+
+    def _prewarmer(self, config: BackboneConfig) -> PrewarmHook | None:
+        if config.predictor_trace is None:
+            return None
+        from moeless.prediction.predictors import Embedder, fit_sps
+        from moeless.prediction.trace import TraceError, load_trace
+        from moeless.serving.prewarm import SpsPrewarmer
+
+        trace = load_trace(config.predictor_trace)
+        if trace.layers != list(self.manifest.moe_layers) or trace.num_experts != self.manifest.num_experts:
+            raise TraceError(
+                f"{config.predictor_trace} was not recorded from this model's layers and experts"
+            )
+        sps = fit_sps(trace, np.unique(trace.request), Embedder())
+        return SpsPrewarmer(
+            sps,
+            list(self.manifest.moe_layers),
+            self.dispatcher.replicas,
+            self.dispatcher.last_used,
+            self.dispatcher.warm,
+            self.manifest.top_k,
+            self.dispatcher.warming,
+            idle_s=config.prewarm_idle_s,
+            predicted=self.predicted_loads,
+        )
+
+    def close(self) -> None:
+        if self.replanner is not None:
+            self.replanner.stop()
+        close_prewarmer = getattr(self.prewarmer, "close", None)
+        if close_prewarmer is not None:
+            close_prewarmer()
+        self.engine.stop()
+        self.dispatcher.close()

@@ -1,0 +1,215 @@
+"""Routed experts run as Lambda functions: the serverless :class:`ExpertExecutor`.
+
+For each needed expert of a layer, the dispatcher splits its token rows over the functions that
+host a replica of it (join-the-shortest-queue on tokens in flight), invokes them all concurrently
+through boto3 ``lambda.invoke`` (AWS, or the local host), and reassembles the outputs in token
+order. An invoke that errors, times out or is throttled is retried with backoff on the next
+replica; when every attempt fails, onnxruntime runs the expert in-process from the artifacts, so
+no request fails because one function did. Experts the plan keeps on the backbone always run
+in-process.
+"""
+
+from __future__ import annotations
+
+import heapq
+import json
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from moeless.contracts.environment import ALIAS
+from moeless.contracts.manifest import Manifest
+from moeless.contracts.payload import decode_matrix, encode_request, max_tokens_per_request, payload_json
+from moeless.contracts.plan import Placement, Plan
+from moeless.experts.runtime import OnnxExpertPool
+from moeless.serving.replanner import RollingLoads
+from moeless.serving.stats import ServingStats
+
+
+class InvokeFailure(Exception):
+    """One invoke did not give a usable output (function error, throttle, timeout, bad reply)."""
+
+
+def jsq_split(tokens: int, outstanding: list[int]) -> list[int]:
+    """How many of ``tokens`` rows each replica gets: join the shortest queue, row by row.
+
+    Each row goes to the replica with the least work (tokens in flight plus rows given so far),
+    ties to the lowest index; the result levels the replicas' queues. ``[3, 0], 5 -> [1, 4]``.
+    """
+    heap = [(load, index) for index, load in enumerate(outstanding)]
+    heapq.heapify(heap)
+    shares = [0] * len(outstanding)
+    for _ in range(tokens):
+        load, index = heapq.heappop(heap)
+        shares[index] += 1
+        heapq.heappush(heap, (load + 1, index))
+    return shares
+
+
+class LambdaDispatcher:
+    """An :class:`~moeless.experts.runtime.ExpertExecutor` whose experts are Lambda functions.
+
+    Args:
+        artifacts_dir: the package (its experts back the in-process fallback).
+        manifest: the package's manifest.
+        plan: which functions host which experts; ``placement == Placement.BACKBONE`` experts stay in-process.
+        client: a boto3 ``lambda`` client (thread-safe; give it a connection pool >= ``max_concurrency``).
+        qualifier: alias to invoke (carries provisioned concurrency); ``None`` for ``$LATEST``.
+        attempts: invokes tried (on successive replicas) before the in-process fallback.
+        backoff_s: wait before the 2nd attempt; doubles after each further one.
+        stats: where invokes, retries, fallbacks, cold starts and dispatch latency are counted.
+    """
+
+    def __init__(
+        self,
+        artifacts_dir: Path,
+        manifest: Manifest,
+        plan: Plan,
+        client: Any,
+        qualifier: str | None = ALIAS,
+        attempts: int = 3,
+        backoff_s: float = 0.02,
+        max_concurrency: int = 64,
+        stats: ServingStats | None = None,
+    ) -> None:
+        self.client = client
+        self.qualifier = qualifier
+        self.attempts = max(1, attempts)
+        self.backoff_s = backoff_s
+        self.stats = stats or ServingStats()
+        self.replicas = plan.replica_functions()
+        self.on_backbone = {(p.layer, p.expert) for p in plan.experts if p.placement == Placement.BACKBONE}
+        self.local = OnnxExpertPool(artifacts_dir, manifest)
+        self.max_rows = max_tokens_per_request(manifest.hidden_size)
+        self._in_flight: dict[str, int] = {}
+        self.observed: RollingLoads | None = None  # set to record the tokens each expert receives
+        self.last_used: dict[str, float] = {}  # function -> monotonic time of its last invoke
+        # function -> set when its warm-up invoke finished: a call waits for the warming instance
+        # rather than starting a second cold one beside it
+        self.warming: dict[str, threading.Event] = {}
+        self.hidden_size = manifest.hidden_size
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="invoke")
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def run(self, layer: int, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
+        started = time.perf_counter()
+        if self.observed is not None:
+            self.observed.add(layer, {expert: len(rows) for expert, rows in inputs.items()})
+        pieces: dict[int, list[tuple[int, Future[np.ndarray]]]] = {}
+        for expert, rows in inputs.items():
+            names = self.replicas.get((layer, expert), [])
+            if (layer, expert) in self.on_backbone or not names:
+                pieces[expert] = [(0, self._pool.submit(self._run_local, layer, expert, rows))]
+                continue
+            pieces[expert] = [
+                (
+                    start,
+                    self._pool.submit(self._invoke_with_retries, layer, expert, rows[start:end], names, name),
+                )
+                for name, start, end in self._assign(names, len(rows))
+            ]
+        outputs = {
+            expert: np.concatenate([future.result() for _, future in sorted(parts, key=lambda p: p[0])])
+            for expert, parts in pieces.items()
+        }
+        self.stats.observe_dispatch(layer, time.perf_counter() - started)
+        return outputs
+
+    def _assign(self, names: list[str], rows: int) -> list[tuple[str, int, int]]:
+        """Split ``rows`` over the replicas (JSQ), each share cut to fit Lambda's payload limit.
+
+        Returns (function, start, end) slices and counts them as in flight until invoked.
+        """
+        with self._lock:
+            shares = jsq_split(rows, [self._in_flight.get(name, 0) for name in names])
+            slices, start = [], 0
+            for name, share in zip(names, shares, strict=True):
+                self._in_flight[name] = self._in_flight.get(name, 0) + share
+                for offset in range(0, share, self.max_rows):
+                    end = start + min(self.max_rows, share - offset)
+                    slices.append((name, start, end))
+                    start = end
+            return slices
+
+    def warm(self, function: str, layer: int, expert: int) -> None:
+        """A warm-up invoke (one zero row), off the request path; counted apart from serving invokes."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        payload = payload_json(encode_request(layer, expert, np.zeros((1, self.hidden_size), np.float32)))
+        kwargs = {"Qualifier": self.qualifier} if self.qualifier else {}
+        self.stats.inc("prewarm_invokes")
+        try:
+            body = json.loads(
+                self.client.invoke(FunctionName=function, Payload=payload, **kwargs)["Payload"].read()
+            )
+        except (ClientError, BotoCoreError, OSError, ValueError):
+            self.stats.inc("prewarm_failures")
+            return
+        self.last_used[function] = time.monotonic()
+        if isinstance(body, dict) and body.get("init_ms", 0) > 0:
+            self.stats.inc("prewarm_cold_starts")
+
+    def _run_local(self, layer: int, expert: int, rows: np.ndarray) -> np.ndarray:
+        return self.local.run(layer, {expert: rows})[expert]
+
+    def _invoke_with_retries(
+        self, layer: int, expert: int, rows: np.ndarray, names: list[str], first: str
+    ) -> np.ndarray:
+        order = names[names.index(first) :] + names[: names.index(first)]
+        try:
+            for attempt in range(self.attempts):
+                if attempt:
+                    self.stats.inc("retries")
+                    time.sleep(self.backoff_s * 2 ** (attempt - 1))
+                try:
+                    return self._invoke(order[attempt % len(order)], layer, expert, rows)
+                except InvokeFailure:
+                    self.stats.inc("invoke_failures")
+        finally:
+            with self._lock:
+                self._in_flight[first] -= len(rows)
+        self.stats.inc("fallbacks")
+        return self._run_local(layer, expert, rows)
+
+    def _invoke(self, function: str, layer: int, expert: int, rows: np.ndarray) -> np.ndarray:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        payload = payload_json(encode_request(layer, expert, rows))
+        kwargs = {"Qualifier": self.qualifier} if self.qualifier else {}
+        warming = self.warming.get(function)
+        if warming is not None and not warming.is_set():
+            self.stats.inc("waited_for_warmup")
+            warming.wait(timeout=30)
+        self.stats.inc("invokes")
+        self.last_used[function] = time.monotonic()
+        try:
+            response = self.client.invoke(FunctionName=function, Payload=payload, **kwargs)
+            body = json.loads(response["Payload"].read())
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code", "")
+            self.stats.inc("throttles" if code == "TooManyRequestsException" else "invoke_errors")
+            raise InvokeFailure(f"{function}: {code}") from exc
+        except (BotoCoreError, OSError, ValueError) as exc:
+            self.stats.inc("invoke_errors")
+            raise InvokeFailure(f"{function}: {exc}") from exc
+        if response.get("FunctionError") or not isinstance(body, dict) or "error" in body:
+            self.stats.inc("invoke_errors")
+            raise InvokeFailure(f"{function}: {str(body)[:200]}")
+        if body.get("init_ms", 0) > 0:
+            self.stats.inc("cold_starts")
+        try:
+            output = decode_matrix(body)
+        except ValueError as exc:
+            self.stats.inc("invoke_errors")
+            raise InvokeFailure(f"{function}: bad reply: {exc}") from exc
+        if output.shape != rows.shape:
+            self.stats.inc("invoke_errors")
+            raise InvokeFailure(f"{function}: reply shape {output.shape} != {rows.shape}")
+        return output

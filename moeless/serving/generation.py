@@ -1,0 +1,306 @@
+"""The generation engine: continuous batching of requests over the split model.
+
+One loop thread runs *steps*. A step takes every active sequence (new ones prefill, the others
+decode one token), runs their forwards one thread each, taking turns on the backbone, with the
+expert calls of each MoE layer merged across them (:class:`~moeless.serving.coalesce.StepCoalescer`): one
+invoke per expert per layer per step, whatever the number of sequences. Then it samples one
+token per sequence, streams the new text, and retires finished sequences. Waiting requests join
+at the next step boundary, up to ``max_batch`` in flight.
+
+Each sequence keeps its own KV cache and runs exactly the forwards ``generate`` would (prefill,
+then one token at a time, last-position logits), so greedy decoding gives ``generate``'s tokens.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from moeless.serving.coalesce import StepCoalescer
+from moeless.serving.stats import ServingStats
+
+REPLACEMENT_CHAR = "\ufffd"  # an incomplete UTF-8 sequence at the end of the decoded text
+
+
+class Overloaded(Exception):
+    """The waiting queue is full: the caller should retry later (HTTP 429)."""
+
+
+class ShuttingDown(Exception):
+    """The engine is stopping and takes no new requests (HTTP 503)."""
+
+
+class PrewarmHook(Protocol):
+    """The router hook: ``before_request`` as a request arrives, before it queues and before its
+    first layer (the predictor warms functions here); ``after_request`` with its routing
+    (layer -> tokens per expert) once it finished (the predictor learns here)."""
+
+    def before_request(self, prompt: str, prompt_ids: list[int]) -> None: ...
+
+    def after_request(self, prompt: str, routing: dict[int, Any]) -> None: ...
+
+
+class NoPrewarm:
+    def before_request(self, prompt: str, prompt_ids: list[int]) -> None:
+        """No predictor: nothing to warm."""
+
+    def after_request(self, prompt: str, routing: dict[int, Any]) -> None:
+        """No predictor: nothing to learn."""
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """OpenAI's completion parameters that the engine honours."""
+
+    max_tokens: int = 16
+    temperature: float = 1.0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    seed: int | None = None
+
+
+@dataclass
+class Event:
+    """What a request's listener receives: ``text`` deltas, then ``done`` or ``error``."""
+
+    kind: str
+    text: str = ""
+    finish_reason: str | None = None
+
+
+@dataclass
+class Sequence:
+    """One request in the engine."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    on_event: Callable[[Event], None]
+    prompt: str = ""
+    routing: dict[int, Any] = field(default_factory=dict)
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    generated: list[int] = field(default_factory=list)
+    text: str = ""
+    emitted: int = 0
+    finish_reason: str | None = None
+    error: str | None = None
+    cache: Any = None
+    logits: Any = None
+    generator: Any = None
+    submitted_at: float = field(default_factory=time.perf_counter)
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def sample_token(logits: Any, params: SamplingParams, generator: Any) -> int:
+    """Greedy at temperature 0; otherwise temperature-scaled nucleus (top-p) sampling."""
+    import torch
+
+    if params.temperature == 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    if params.top_p < 1.0:
+        sorted_probs, order = torch.sort(probs, descending=True)
+        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= params.top_p  # keeps at least one
+        sorted_probs[outside] = 0.0
+        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
+    return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+
+
+def stop_holdback(text: str, stops: tuple[str, ...]) -> int:
+    """Characters at the end of ``text`` that might begin a stop string (not yet safe to stream)."""
+    held = 0
+    for stop in stops:
+        for k in range(min(len(stop) - 1, len(text)), held, -1):
+            if text.endswith(stop[:k]):
+                held = k
+                break
+    return held
+
+
+class GenerationEngine:
+    """Continuous-batching generation over a (split) causal LM.
+
+    Args:
+        model: a transformers causal LM (its experts calling ``coalescer`` when split).
+        tokenizer: the model's tokenizer (decoding completions).
+        coalescer: merges expert calls across the sequences of a step; ``None`` for an unsplit model.
+        eos_ids: token ids that end a completion.
+        max_batch: sequences per step.
+        max_waiting: queued requests beyond the batch before :class:`Overloaded`.
+        stats: request/token counters and latency.
+        prewarm: the router hook, called as a request is admitted.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        coalescer: StepCoalescer | None,
+        eos_ids: set[int],
+        max_batch: int = 16,
+        max_waiting: int = 256,
+        stats: ServingStats | None = None,
+        prewarm: PrewarmHook | None = None,
+    ) -> None:
+        self.model = model
+        self.tokenizer = tokenizer
+        self.coalescer = coalescer
+        self.eos_ids = eos_ids
+        self.max_batch = max_batch
+        self.max_waiting = max_waiting
+        self.stats = stats or ServingStats()
+        self.prewarm = prewarm or NoPrewarm()
+        self.device = next(model.parameters()).device
+        self._waiting: deque[Sequence] = deque()
+        self._active: list[Sequence] = []
+        self._cond = threading.Condition()
+        self._stopping = False
+        self._pool = ThreadPoolExecutor(max_batch, thread_name_prefix="forward")
+        # one forward computes at a time (the others wait for experts): no core oversubscription
+        self._backbone = threading.Lock()
+        if coalescer is not None:
+            coalescer.share_backbone(self._backbone)
+        self._thread = threading.Thread(target=self._loop, name="engine", daemon=True)
+        self._thread.start()
+
+    # --- requests -----------------------------------------------------------------------------
+
+    def submit(
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        on_event: Callable[[Event], None],
+        prompt: str = "",
+    ) -> Sequence:
+        """Queue a request; its events go to ``on_event`` (from the engine thread)."""
+        import torch
+
+        sequence = Sequence(list(prompt_ids), params, on_event, prompt)
+        self.prewarm.before_request(prompt, sequence.prompt_ids)
+        if params.seed is not None:
+            sequence.generator = torch.Generator().manual_seed(params.seed)
+        with self._cond:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down")
+            if len(self._waiting) >= self.max_waiting:
+                self.stats.inc("requests_rejected")
+                raise Overloaded(f"{len(self._waiting)} requests are already waiting")
+            self._waiting.append(sequence)
+            self._cond.notify()
+        return sequence
+
+    def load(self) -> tuple[int, int]:
+        """(active, waiting) sequences."""
+        with self._cond:
+            return len(self._active), len(self._waiting)
+
+    def stop(self) -> None:
+        """Fail queued and in-flight requests explicitly, then stop the loop."""
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        self._thread.join()
+        self._pool.shutdown(wait=True)
+
+    # --- the loop -----------------------------------------------------------------------------
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not self._waiting and not self._active:
+                    self._cond.wait()
+                if self._stopping:
+                    for sequence in [*self._active, *self._waiting]:
+                        self._fail(sequence, "the server shut down before the request finished")
+                    self._active.clear()
+                    self._waiting.clear()
+                    return
+                while self._waiting and len(self._active) < self.max_batch:
+                    self._active.append(self._waiting.popleft())
+                batch = list(self._active)
+            self._step(batch)
+            with self._cond:
+                self._active = [s for s in self._active if not s.done.is_set()]
+
+    def _step(self, batch: list[Sequence]) -> None:
+        if self.coalescer is not None:
+            self.coalescer.begin_step(len(batch))
+        futures = [self._pool.submit(self._forward, sequence) for sequence in batch]
+        for sequence, future in zip(batch, futures, strict=True):
+            try:
+                future.result()
+            except Exception as exc:  # one request's failure must not take the others down
+                self._fail(sequence, f"{type(exc).__name__}: {exc}")
+                continue
+            self._advance(sequence)
+
+    def _forward(self, sequence: Sequence) -> None:
+        import torch
+
+        if self.coalescer is not None:
+            self.coalescer.join(sequence.routing)
+        self._backbone.acquire()
+        try:
+            ids = sequence.prompt_ids if sequence.cache is None else sequence.generated[-1:]
+            with torch.inference_mode():
+                out = self.model(
+                    input_ids=torch.tensor([ids], device=self.device),
+                    past_key_values=sequence.cache,
+                    use_cache=True,
+                    logits_to_keep=1,
+                )
+            sequence.cache = out.past_key_values
+            sequence.logits = out.logits[0, -1].float().cpu()
+        finally:
+            self._backbone.release()
+            if self.coalescer is not None:
+                self.coalescer.leave()
+
+    def _advance(self, sequence: Sequence) -> None:
+        token = sample_token(sequence.logits, sequence.params, sequence.generator)
+        sequence.logits = None
+        if token in self.eos_ids:
+            self._finish(sequence, "stop")
+            return
+        sequence.generated.append(token)
+        text = self.tokenizer.decode(sequence.generated, skip_special_tokens=True)
+        stops = sequence.params.stop
+        hits = [text.find(stop) for stop in stops if stop and stop in text]
+        if hits:
+            sequence.text = text[: min(hits)]
+            self._finish(sequence, "stop")
+            return
+        sequence.text = text
+        if len(sequence.generated) >= sequence.params.max_tokens:
+            self._finish(sequence, "length")
+            return
+        safe = len(text.rstrip(REPLACEMENT_CHAR)) - stop_holdback(text, stops)
+        if safe > sequence.emitted:
+            sequence.on_event(Event("text", text[sequence.emitted : safe]))
+            sequence.emitted = safe
+
+    def _finish(self, sequence: Sequence, reason: str) -> None:
+        sequence.finish_reason = reason
+        sequence.cache = None
+        if len(sequence.text) > sequence.emitted:
+            sequence.on_event(Event("text", sequence.text[sequence.emitted :]))
+            sequence.emitted = len(sequence.text)
+        self.stats.inc("requests_completed")
+        self.stats.inc("prompt_tokens", len(sequence.prompt_ids))
+        self.stats.inc("completion_tokens", len(sequence.generated))
+        self.stats.observe_request(time.perf_counter() - sequence.submitted_at)
+        self.prewarm.after_request(sequence.prompt, sequence.routing)
+        sequence.done.set()
+        sequence.on_event(Event("done", finish_reason=reason))
+
+    def _fail(self, sequence: Sequence, message: str) -> None:
+        sequence.error = message
+        sequence.cache = None
+        self.stats.inc("requests_failed")
+        sequence.done.set()
+        sequence.on_event(Event("error", text=message))

@@ -1,0 +1,441 @@
+"""The CDK app, synthesised offline (no credentials, no Docker) and asserted with aws_cdk.assertions.
+
+Each stack is synthesised once per module with cdk.json's context (so feature flags match the
+CLI's) and cdk-nag's AwsSolutions checks on: a synth that succeeds has no unacknowledged finding.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
+cdk = pytest.importorskip("aws_cdk", reason="the CDK app needs the [deploy] extra (aws-cdk-lib)")
+from aws_cdk.assertions import Match, Template  # noqa: E402
+
+from moeless.contracts.loads import Loads  # noqa: E402
+from moeless.contracts.manifest import ExpertEntry, Manifest, load_manifest  # noqa: E402
+from moeless.contracts.plan import Plan, one_function_per_expert  # noqa: E402
+from moeless.planning.planner import PlanRequest, make_plan  # noqa: E402
+from tests.conftest import REPO_ROOT  # noqa: E402
+
+sys.path.insert(0, str(REPO_ROOT / "cdk"))
+from moeless_cdk import MoelessStacks, build_app  # noqa: E402
+from moeless_cdk.api import COMPLETION_SCHEMA  # noqa: E402
+from moeless_cdk.config import DeployConfig, DeployConfigError, config_from_context  # noqa: E402
+from moeless_cdk.experts import FUNCTIONS_PER_SHARD  # noqa: E402
+
+CDK_JSON = json.loads((REPO_ROOT / "cdk" / "cdk.json").read_text())
+CFN_RESOURCES_PER_STACK = 500
+CFN_TEMPLATE_BYTES = 1_000_000  # templates uploaded through S3, as the CDK CLI does
+
+
+def app_with(outdir: Path) -> cdk.App:
+    return cdk.App(context=CDK_JSON["context"], outdir=str(outdir))
+
+
+def synth(config: DeployConfig, outdir: Path) -> tuple[MoelessStacks, Path]:
+    app = app_with(outdir)
+    stacks = build_app(app, config)
+    app.synth()
+    return stacks, outdir
+
+
+def tiny_plan(artifacts: Path) -> Plan:
+    """One function per expert, with the kinds of values a planner writes: bigger memory for hot
+    experts, provisioned concurrency on some, reserved concurrency on one."""
+    plan = one_function_per_expert(load_manifest(artifacts))
+    for index, spec in enumerate(plan.functions):
+        spec.memory_mb = 1769 + 256 * (index % 3)
+        spec.provisioned_concurrency = index % 3
+        spec.reserved_concurrency = 8 if index == 0 else None
+    return plan
+
+
+@pytest.fixture(scope="module")
+def tiny_deploy(tiny, tmp_path_factory) -> tuple[DeployConfig, MoelessStacks, Path]:
+    artifacts = tiny.package()
+    config = DeployConfig(artifacts=artifacts, manifest=load_manifest(artifacts), plan=tiny_plan(artifacts))
+    stacks, outdir = synth(config, tmp_path_factory.mktemp("cdk-out"))
+    return config, stacks, outdir
+
+
+def function_templates(stacks: MoelessStacks) -> list[Template]:
+    return [Template.from_stack(shard) for shard in stacks.experts.shards]
+
+
+def resources(templates: list[Template], kind: str) -> list[dict]:
+    return [r for t in templates for r in t.find_resources(kind).values()]
+
+
+class TestExperts:
+    def test_one_function_per_plan_function_with_its_memory_and_concurrency(self, tiny_deploy):
+        config, stacks, _ = tiny_deploy
+        templates = function_templates(stacks)
+        functions = {
+            f["Properties"]["FunctionName"]: f["Properties"]
+            for f in resources(templates, "AWS::Lambda::Function")
+        }
+        plan = config.deployed_plan
+        assert sorted(functions) == sorted(spec.name for spec in plan.functions)
+        for spec in plan.functions:
+            props = functions[spec.name]
+            assert props["MemorySize"] == spec.memory_mb
+            assert props["PackageType"] == "Image"
+            assert props.get("ReservedConcurrentExecutions") == spec.reserved_concurrency
+            hosted = ",".join(f"{layer}:{expert}" for layer, expert in spec.experts)
+            assert props["Environment"]["Variables"]["MOELESS_EXPERTS"] == hosted
+            assert json.dumps(props["Environment"]["Variables"]["MOELESS_EXPERTS_URI"]).endswith(
+                '/dev/artifacts"]]}'
+            )
+
+    def test_each_alias_carries_the_plans_provisioned_concurrency(self, tiny_deploy):
+        config, stacks, _ = tiny_deploy
+        aliases = resources(function_templates(stacks), "AWS::Lambda::Alias")
+        assert len(aliases) == len(config.plan.functions)
+        assert all(a["Properties"]["Name"] == "live" for a in aliases)
+        provisioned = sorted(
+            a["Properties"].get("ProvisionedConcurrencyConfig", {}).get("ProvisionedConcurrentExecutions", 0)
+            for a in aliases
+        )
+        assert provisioned == sorted(spec.provisioned_concurrency for spec in config.plan.functions)
+
+    def test_functions_share_one_role_that_reads_only_the_package(self, tiny_deploy):
+        _, stacks, _ = tiny_deploy
+        parent = Template.from_stack(stacks.experts)
+        parent.resource_count_is("AWS::IAM::Role", 1)
+        for template in function_templates(stacks):
+            template.resource_count_is("AWS::IAM::Role", 0)
+        (policy,) = parent.find_resources("AWS::IAM::Policy").values()
+        statements = policy["Properties"]["PolicyDocument"]["Statement"]
+        s3 = [s for s in statements if s["Action"] == "s3:GetObject"]
+        assert len(s3) == 1 and "/dev/artifacts/*" in json.dumps(s3[0]["Resource"])
+        assert all(not a.startswith("s3:Put") for s in statements for a in np.atleast_1d(s["Action"]))
+
+
+class TestBackbone:
+    def test_task_asks_for_one_gpu_on_a_gpu_ami(self, tiny_deploy):
+        _, stacks, _ = tiny_deploy
+        template = Template.from_stack(stacks.backbone)
+        template.has_resource_properties(
+            "AWS::ECS::TaskDefinition",
+            {
+                "ContainerDefinitions": [
+                    Match.object_like(
+                        {
+                            "ResourceRequirements": [{"Type": "GPU", "Value": "1"}],
+                            "Environment": Match.array_with(
+                                [{"Name": "MOELESS_FUNCTION_PREFIX", "Value": "moeless-dev-"}]
+                            ),
+                        }
+                    )
+                ]
+            },
+        )
+        template.has_resource_properties(
+            "AWS::EC2::LaunchTemplate",
+            {"LaunchTemplateData": Match.object_like({"InstanceType": "g5.xlarge"})},
+        )
+        assert "amazon-linux-2/gpu" in json.dumps(template.to_json()["Parameters"])
+        template.resource_count_is("AWS::ElasticLoadBalancingV2::LoadBalancer", 1)
+        template.has_resource_properties(
+            "AWS::ElasticLoadBalancingV2::TargetGroup",
+            {"HealthCheckPath": "/healthz", "HealthCheckProtocol": "HTTP"},
+        )
+        template.resource_count_is("AWS::ApplicationAutoScaling::ScalingPolicy", 1)
+
+    def test_iam_names_only_this_apps_functions(self, tiny_deploy):
+        _, stacks, _ = tiny_deploy
+        template = Template.from_stack(stacks.backbone)
+        lambda_statements = [
+            s
+            for policy in template.find_resources("AWS::IAM::Policy").values()
+            for s in policy["Properties"]["PolicyDocument"]["Statement"]
+            if any(a.startswith("lambda:") for a in np.atleast_1d(s["Action"]))
+        ]
+        assert {a for s in lambda_statements for a in np.atleast_1d(s["Action"])} >= {
+            "lambda:InvokeFunction",
+            "lambda:PutProvisionedConcurrencyConfig",
+        }
+        for statement in lambda_statements:
+            resource = json.dumps(statement["Resource"])
+            assert ":function:moeless-dev-*" in resource, resource
+            assert statement["Resource"] != "*"
+        invoke = [s for s in lambda_statements if "lambda:InvokeFunction" in np.atleast_1d(s["Action"])]
+        assert all(json.dumps(s["Resource"]).endswith(':live"]]}') for s in invoke)
+
+
+class TestApi:
+    def test_methods_key_usage_plan_and_logs(self, tiny_deploy):
+        config, stacks, _ = tiny_deploy
+        template = Template.from_stack(stacks.api)
+        template.has_resource_properties(
+            "AWS::ApiGateway::Method",
+            {
+                "HttpMethod": "POST",
+                "ApiKeyRequired": True,
+                "RequestValidatorId": Match.any_value(),
+                "Integration": Match.object_like({"ConnectionType": "VPC_LINK", "Type": "HTTP_PROXY"}),
+            },
+        )
+        template.has_resource_properties(
+            "AWS::ApiGateway::Method", {"HttpMethod": "GET", "ApiKeyRequired": True}
+        )
+        paths = {
+            r["Properties"]["PathPart"] for r in template.find_resources("AWS::ApiGateway::Resource").values()
+        }
+        assert paths == {"v1", "completions", "healthz"}
+        template.resource_count_is("AWS::ApiGateway::ApiKey", 1)
+        template.has_resource_properties(
+            "AWS::ApiGateway::UsagePlan",
+            {
+                "Throttle": {
+                    "RateLimit": config.throttle_rate_limit,
+                    "BurstLimit": config.throttle_burst_limit,
+                },
+                "Quota": {"Limit": config.quota_per_day, "Period": "DAY"},
+            },
+        )
+        template.has_resource_properties(
+            "AWS::ApiGateway::Stage",
+            {"AccessLogSetting": Match.object_like({"DestinationArn": Match.any_value()})},
+        )
+        template.resource_count_is("AWS::ApiGateway::VpcLink", 1)
+        template.resource_count_is("AWS::WAFv2::WebACLAssociation", 1)
+
+    def test_gateway_schema_accepts_only_fields_the_service_knows(self):
+        from backbone_service.schemas import CompletionRequest
+
+        gateway = set(COMPLETION_SCHEMA.properties)
+        assert gateway <= set(CompletionRequest.model_fields)
+        assert set(COMPLETION_SCHEMA.required) == {
+            name for name, field in CompletionRequest.model_fields.items() if field.is_required()
+        }
+
+
+class TestArtifacts:
+    def test_bucket_is_encrypted_versioned_private_tls_only_and_logged(self, tiny_deploy):
+        _, stacks, _ = tiny_deploy
+        template = Template.from_stack(stacks.artifacts)
+        template.has_resource_properties(
+            "AWS::S3::Bucket",
+            {
+                "VersioningConfiguration": {"Status": "Enabled"},
+                "BucketEncryption": Match.any_value(),
+                "PublicAccessBlockConfiguration": Match.object_like({"BlockPublicAcls": True}),
+                "LoggingConfiguration": Match.object_like({"LogFilePrefix": "artifacts-bucket/"}),
+            },
+        )
+        template.has_resource_properties(
+            "AWS::S3::BucketPolicy",
+            {
+                "PolicyDocument": {
+                    "Statement": Match.array_with(
+                        [
+                            Match.object_like(
+                                {"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}}
+                            )
+                        ]
+                    )
+                }
+            },
+        )
+        template.resource_count_is("AWS::ECR::Repository", 2)
+
+
+class TestNag:
+    def test_every_acknowledged_finding_states_a_reason(self, tiny_deploy):
+        _, _, outdir = tiny_deploy
+        (report,) = json.loads((outdir / "validation-report.json").read_text())["pluginReports"]
+        assert report["conclusion"] == "success" and report["violations"] == []
+        assert report["suppressedViolations"], "nothing was checked?"
+        for violation in report["suppressedViolations"]:
+            assert len(violation["reason"]) > 30, violation["ruleName"]
+
+    def test_an_unacknowledged_finding_fails_synth(self, tiny, tmp_path):
+        from aws_cdk import aws_s3 as s3
+
+        artifacts = tiny.package()
+        config = DeployConfig(
+            artifacts=artifacts, manifest=load_manifest(artifacts), plan=tiny_plan(artifacts)
+        )
+        app = app_with(tmp_path)
+        stacks = build_app(app, config)
+        s3.Bucket(stacks.artifacts, "Careless")  # no TLS policy, no access logs
+        with pytest.raises(RuntimeError, match=r"Careless/Resource(.|\n)*AwsSolutions-S10"):
+            app.synth()
+
+
+class TestConfig:
+    def test_context_without_artifacts_says_how_to_give_them(self):
+        with pytest.raises(DeployConfigError, match="moeless:artifacts is not set"):
+            config_from_context({}.get)
+
+    def test_context_reads_plan_and_stage(self, tiny, tmp_path):
+        artifacts = tiny.package()
+        tiny_plan(artifacts).save(tmp_path / "plan.json")
+        context = {
+            "moeless:artifacts": str(artifacts),
+            "moeless:plan": str(tmp_path / "plan.json"),
+            "moeless:stage": "prod",
+        }
+        config = config_from_context(context.get)
+        assert config.deployed_plan.functions[0].name.startswith("moeless-prod-l")
+        assert config.plan.functions[0].provisioned_concurrency == 0
+
+    @pytest.mark.parametrize("stage", ["Prod", "a" * 17, "1st", "x_y"])
+    def test_bad_stage_names_are_refused(self, tiny, stage):
+        artifacts = tiny.package()
+        with pytest.raises(DeployConfigError, match="stage"):
+            DeployConfig(
+                artifacts=artifacts, manifest=load_manifest(artifacts), plan=tiny_plan(artifacts), stage=stage
+            )
+
+
+def test_baked_images_hold_only_their_functions_experts(tiny, tmp_path):
+    """With moeless:expertCode=image each function's build context carries its own experts only."""
+    artifacts = tiny.package()
+    manifest = load_manifest(artifacts)
+    config = DeployConfig(
+        artifacts=artifacts, manifest=manifest, plan=tiny_plan(artifacts), stage="baked", expert_code="image"
+    )
+    try:
+        stacks, outdir = synth(config, tmp_path / "out")
+        functions = resources(function_templates(stacks), "AWS::Lambda::Function")
+        assert all(
+            "MOELESS_EXPERTS_URI" not in f["Properties"]["Environment"]["Variables"] for f in functions
+        )
+        contexts = [p for p in outdir.glob("asset.*") if (p / "functions/expert/Dockerfile").is_file()]
+        assert len(contexts) == len(config.plan.functions)
+        for context in contexts:
+            onnx = list((context / "functions/expert/artifacts/experts").glob("*.onnx"))
+            assert len(onnx) == 1
+    finally:
+        shutil.rmtree(REPO_ROOT / "cdk" / ".staging" / "baked", ignore_errors=True)
+
+
+def synthetic_manifest(layers: int, experts: int, hidden: int, intermediate: int) -> Manifest:
+    """A manifest of a large model's shape (no files): the CDK app reads only names and sizes."""
+    entries = [
+        ExpertEntry(
+            layer,
+            expert,
+            f"experts/L{layer:03d}_E{expert:03d}.onnx",
+            3 * hidden * intermediate * 4,
+            "0" * 64,
+            0.0,
+            0.0,
+        )
+        for layer in range(layers)
+        for expert in range(experts)
+    ]
+    return Manifest(
+        architecture="synthetic",
+        display_name="synthetic",
+        num_layers=layers,
+        moe_layers=list(range(layers)),
+        num_experts=experts,
+        top_k=8,
+        routing={},
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        expert_kind="swiglu",
+        activation={},
+        dtype="float32",
+        backbone={"files": []},
+        experts=entries,
+    )
+
+
+def zipf_loads(layers: int, experts: int, seed: int = 0) -> Loads:
+    rng = np.random.default_rng(seed)
+    return Loads({layer: rng.zipf(1.3, experts).clip(1, 10_000).astype(float) for layer in range(layers)})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("name", "layers", "experts", "shape", "workers"),
+    [
+        pytest.param("mixtral-8x7b", 32, 8, (4096, 14336), None, id="mixtral-32x8-one-function-per-replica"),
+        pytest.param("deepseek-v3", 58, 256, (7168, 2048), 8, id="deepseek-58x256-packed-by-worker"),
+    ],
+)
+def test_large_plans_fit_cloudformation_limits(tmp_path, name, layers, experts, shape, workers):
+    """Plans of real models' sizes synthesise within CloudFormation's per-stack limits."""
+    manifest = synthetic_manifest(layers, experts, *shape)
+    plan = make_plan(zipf_loads(layers, experts), PlanRequest(policy="moeless", workers=workers), manifest)
+    if workers:
+        assert max(len(f.experts) for f in plan.functions) > 1  # several experts per function
+    config = DeployConfig(artifacts=tmp_path, manifest=manifest, plan=plan, stage="big")
+    stacks, outdir = synth(config, tmp_path / "out")
+    assert len(stacks.experts.shards) == -(-len(plan.functions) // FUNCTIONS_PER_SHARD)
+    templates = list(outdir.glob("*.template.json"))
+    functions = 0
+    for path in templates:
+        assert path.stat().st_size < CFN_TEMPLATE_BYTES, path.name
+        template = json.loads(path.read_text())
+        assert len(template["Resources"]) <= CFN_RESOURCES_PER_STACK, path.name
+        if "Experts" in path.name:
+            functions += sum(r["Type"] == "AWS::Lambda::Function" for r in template["Resources"].values())
+    assert functions == len(plan.functions)
+    assert len(templates) == 4 + len(stacks.experts.shards)
+
+
+@pytest.mark.slow
+def test_pinned_cli_synthesises_the_tiny_plan(tiny, tmp_path):
+    """`npx cdk synth` with the repository's pinned CLI and cdk.json, as a user runs it."""
+    cli = REPO_ROOT / "cdk" / "node_modules" / ".bin" / "cdk"
+    if not cli.is_file():
+        pytest.skip("the pinned CDK CLI is not installed: run `npm ci --prefix cdk` (make test does)")
+    artifacts = tiny.package()
+    tiny_plan(artifacts).save(tmp_path / "plan.json")
+    env = os.environ | {
+        "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+        "CDK_DISABLE_VERSION_CHECK": "1",
+    }
+    result = subprocess.run(
+        [
+            str(cli),
+            "synth",
+            "--quiet",
+            "--no-notices",
+            "--app",
+            f"{sys.executable} app.py",
+            "-o",
+            str(tmp_path / "out"),
+            "-c",
+            f"moeless:artifacts={artifacts}",
+            "-c",
+            f"moeless:plan={tmp_path / 'plan.json'}",
+        ],
+        cwd=REPO_ROOT / "cdk",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in (tmp_path / "out").glob("Moeless-dev-*.template.json")) == [
+        f"Moeless-dev-{name}.template.json" for name in ("Api", "Artifacts", "Backbone", "Experts")
+    ]
+
+
+def test_plan_prefix_keeps_names_valid_and_distinct(tiny):
+    plan = tiny_plan(tiny.package())
+    prefixed = plan.prefixed("moeless-prod-")
+    assert [f.name for f in prefixed.functions] == [
+        "moeless-prod-" + f.name.removeprefix("moeless-") for f in plan.functions
+    ]
+    assert {p.function for p in prefixed.experts} == {f.name for f in prefixed.functions}
+    from moeless.errors import PlanError
+
+    with pytest.raises(PlanError, match="not a valid Lambda name"):
+        replace(plan).prefixed("x" * 60)

@@ -1,0 +1,352 @@
+"""``moeless deploy``'s control-plane paths against moto (a real AWS API implementation, on
+127.0.0.1), and the CDK CLI's place in it stood in for by a recording runner.
+
+moto implements no provisioned-concurrency calls and runs no container-image Lambda without
+Docker: provisioned concurrency is tested on the local Lambda host (test_apply_plan.py) and in
+the synthesised templates (test_cdk_app.py), not here.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("moto.server", reason="needs moto[server] (the dev extra)")
+import boto3
+from moto.server import ThreadedMotoServer
+
+from moeless.artifacts.store import download_artifacts, upload_artifacts
+from moeless.cli.main import cli
+from moeless.contracts.manifest import load_manifest
+from moeless.contracts.plan import one_function_per_expert
+from moeless.deployment.cloud_mirror import mirror_deployment
+from moeless.deployment.deploy import DeployError, DeployRequest, deploy, destroy
+from moeless.errors import ArtifactError
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def moto_url():
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def session(monkeypatch) -> boto3.Session:
+    for key in ("AWS_PROFILE", "AWS_DEFAULT_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    return boto3.Session(
+        aws_access_key_id="testing", aws_secret_access_key="testing", region_name="us-east-1"
+    )
+
+
+def planned(artifacts: Path):
+    plan = one_function_per_expert(load_manifest(artifacts))
+    plan.functions[0].memory_mb = 3008
+    plan.functions[0].reserved_concurrency = 4
+    plan.functions[1].provisioned_concurrency = 1
+    return plan
+
+
+class TestArtifactStore:
+    def test_upload_resumes_and_download_refuses_a_tampered_object(self, tiny, moto_url, session, tmp_path):
+        s3 = session.client("s3", endpoint_url=moto_url)
+        s3.create_bucket(Bucket="store")
+        artifacts = tiny.package()
+        first = upload_artifacts(s3, artifacts, "s3://store/pkg")
+        again = upload_artifacts(s3, artifacts, "s3://store/pkg")
+        assert first.uploaded and not first.skipped
+        assert not again.uploaded and len(again.skipped) == len(first.uploaded)
+        assert first.uploaded[-1] == "manifest.json"  # last: readers never see a partial package
+
+        manifest = download_artifacts(
+            s3, "s3://store/pkg", tmp_path / "copy", experts=[(manifest_layer(artifacts), 0)], backbone=False
+        )
+        assert len(list((tmp_path / "copy").rglob("*.onnx"))) == 1
+
+        entry = manifest.experts[1]
+        s3.put_object(Bucket="store", Key=f"pkg/{entry.file}", Body=b"tampered")
+        with pytest.raises(ArtifactError, match="does not match its manifest checksum"):
+            download_artifacts(
+                s3, "s3://store/pkg", tmp_path / "copy2", experts=[(entry.layer, entry.expert)]
+            )
+        assert not (tmp_path / "copy2" / entry.file).exists()
+
+    def test_a_package_failing_its_manifest_is_not_uploaded(self, tiny, moto_url, session, tmp_path):
+        import shutil
+
+        s3 = session.client("s3", endpoint_url=moto_url)
+        s3.create_bucket(Bucket="refuse")
+        copy = tmp_path / "pkg"
+        shutil.copytree(tiny.package(), copy)
+        victim = next(copy.rglob("*.onnx"))
+        victim.write_bytes(victim.read_bytes()[:-4] + b"XXXX")
+        with pytest.raises(ArtifactError, match="fails its manifest"):
+            upload_artifacts(s3, copy, "s3://refuse/pkg")
+        assert s3.list_objects_v2(Bucket="refuse").get("KeyCount", 0) == 0
+
+
+def manifest_layer(artifacts: Path) -> int:
+    return load_manifest(artifacts).moe_layers[0]
+
+
+class TestMirror:
+    def test_creates_the_stacks_resources_and_a_rerun_updates(self, tiny, moto_url, session):
+        artifacts = tiny.package()
+        plan = planned(artifacts)
+        report = mirror_deployment(session, artifacts, plan, "mirror", "http://127.0.0.1:8000", moto_url)
+        lam = session.client("lambda", endpoint_url=moto_url)
+        names = {
+            f["FunctionName"]: f
+            for f in lam.list_functions()["Functions"]
+            if f["FunctionName"].startswith("moeless-mirror-")
+        }
+        assert sorted(names) == sorted(report.functions) and len(names) == len(plan.functions)
+        first = report.functions[0]
+        assert names[first]["MemorySize"] == 3008 and names[first]["PackageType"] == "Image"
+        assert lam.get_function_concurrency(FunctionName=first)["ReservedConcurrentExecutions"] == 4
+        assert lam.get_alias(FunctionName=first, Name="live")["FunctionVersion"] == "1"
+        assert report.notes and "provisioned concurrency" in report.notes[0]
+
+        s3 = session.client("s3", endpoint_url=moto_url)
+        keys = {o["Key"] for o in s3.list_objects_v2(Bucket=report.bucket)["Contents"]}
+        assert "mirror/plan.json" in keys and "mirror/artifacts/manifest.json" in keys
+
+        apigw = session.client("apigateway", endpoint_url=moto_url)
+        paths = {r["path"]: r for r in apigw.get_resources(restApiId=report.api_id)["items"]}
+        assert {"/v1/completions", "/healthz"} <= set(paths)
+        method = apigw.get_method(
+            restApiId=report.api_id, resourceId=paths["/v1/completions"]["id"], httpMethod="POST"
+        )
+        assert method["apiKeyRequired"] is True
+        assert method["methodIntegration"]["uri"] == "http://127.0.0.1:8000/v1/completions"
+        (usage_plan,) = [p for p in apigw.get_usage_plans()["items"] if p["name"] == "moeless-mirror"]
+        assert usage_plan["throttle"]["rateLimit"] == 50.0
+        assert report.api_key
+
+        again = mirror_deployment(session, artifacts, plan, "mirror", "http://127.0.0.1:8000", moto_url)
+        assert again.api_id == report.api_id and again.api_key == report.api_key
+        assert lam.get_alias(FunctionName=first, Name="live")["FunctionVersion"] == "2"
+
+
+class RecordingCdk:
+    """Stands in for the CDK CLI: records each command and, for a deploy, does what the stacks
+    would (creates the bucket and API key in moto) and writes the outputs file."""
+
+    def __init__(self, session: boto3.Session, moto_url: str, fail_on: str | None = None) -> None:
+        self.session, self.moto_url, self.fail_on = session, moto_url, fail_on
+        self.commands: list[list[str]] = []
+
+    def __call__(self, command: list[str], **kwargs) -> subprocess.CompletedProcess:
+        self.commands.append(command)
+        if self.fail_on and self.fail_on in command:
+            return subprocess.CompletedProcess(command, 1)
+        if command[1] == "deploy":
+            outputs_file = Path(command[command.index("--outputs-file") + 1])
+            outputs_file.parent.mkdir(parents=True, exist_ok=True)
+            outputs = {"Moeless-t-Artifacts": {"BucketName": "moeless-t-bucket"}}
+            self.session.client("s3", endpoint_url=self.moto_url).create_bucket(Bucket="moeless-t-bucket")
+            if "--all" in command:
+                key = self.session.client("apigateway", endpoint_url=self.moto_url).create_api_key(
+                    name="k", enabled=True
+                )
+                outputs["Moeless-t-Api"] = {
+                    "Endpoint": "https://example.execute-api/t/",
+                    "ApiKeyId": key["id"],
+                }
+            outputs_file.write_text(json.dumps(outputs))
+        return subprocess.CompletedProcess(command, 0)
+
+
+class EndpointSession:
+    """A boto3 Session whose clients all talk to moto."""
+
+    def __init__(self, session: boto3.Session, url: str) -> None:
+        self.session, self.url = session, url
+
+    def client(self, service: str):
+        return self.session.client(service, endpoint_url=self.url)
+
+
+def fake_cdk_dir(tmp_path: Path) -> Path:
+    cdk_dir = tmp_path / "cdk"
+    (cdk_dir / "node_modules" / ".bin").mkdir(parents=True)
+    (cdk_dir / "node_modules" / ".bin" / "cdk").write_text("#!/bin/sh\n")
+    (cdk_dir / "cdk.json").write_text('{"app": "python3 app.py", "context": {}}')
+    return cdk_dir
+
+
+class TestDeploy:
+    def test_artifacts_stack_then_upload_then_all_stacks_then_key(self, tiny, moto_url, session, tmp_path):
+        artifacts = tiny.package()
+        planned(artifacts).save(tmp_path / "plan.json")
+        request = DeployRequest(artifacts, tmp_path / "plan.json", stage="t", cdk_dir=fake_cdk_dir(tmp_path))
+        cdk = RecordingCdk(session, moto_url)
+        result = deploy(request, EndpointSession(session, moto_url), runner=cdk, say=lambda _m: None)
+        verbs = [(c[1], c[2]) for c in cdk.commands]
+        assert verbs == [("deploy", "Moeless-t-Artifacts"), ("deploy", "--all")]
+        assert f"moeless:plan={(tmp_path / 'plan.json').resolve()}" in cdk.commands[0]
+        s3 = session.client("s3", endpoint_url=moto_url)
+        keys = {o["Key"] for o in s3.list_objects_v2(Bucket="moeless-t-bucket")["Contents"]}
+        assert {"t/plan.json", "t/artifacts/manifest.json"} <= keys
+        assert result.endpoint.startswith("https://") and len(result.api_key) >= 20
+
+    def test_a_failing_step_names_itself_and_stops(self, tiny, moto_url, session, tmp_path):
+        request = DeployRequest(tiny.package(), stage="t", cdk_dir=fake_cdk_dir(tmp_path))
+        cdk = RecordingCdk(session, moto_url, fail_on="Moeless-t-Artifacts")
+        with pytest.raises(DeployError, match="deploying the artifacts stack failed"):
+            deploy(request, EndpointSession(session, moto_url), runner=cdk, say=lambda _m: None)
+        assert len(cdk.commands) == 1
+
+    def test_destroy_runs_cdk_destroy_for_every_stack(self, tiny, tmp_path):
+        cdk = RecordingCdk(None, "")
+        destroy(DeployRequest(tiny.package(), stage="t", cdk_dir=fake_cdk_dir(tmp_path)), runner=cdk)
+        assert cdk.commands[0][1:4] == ["destroy", "--all", "--app"] and "--force" in cdk.commands[0]
+
+    def test_missing_cli_says_how_to_install_it(self, tiny, tmp_path):
+        cdk_dir = fake_cdk_dir(tmp_path)
+        (cdk_dir / "node_modules" / ".bin" / "cdk").unlink()
+        with pytest.raises(DeployError, match="npm ci --prefix"):
+            destroy(DeployRequest(tiny.package(), cdk_dir=cdk_dir), runner=RecordingCdk(None, ""))
+
+
+@pytest.mark.slow
+def test_cli_synth_only_writes_the_assembly_offline(tiny, tmp_path, monkeypatch):
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    artifacts = tiny.package()
+    planned(artifacts).save(tmp_path / "plan.json")
+    out = tmp_path / "assembly"
+    result = CliRunner().invoke(
+        cli,
+        [
+            "deploy",
+            str(artifacts),
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--stage",
+            "synth",
+            "--synth-only",
+            "-o",
+            str(out),
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert "5 templates" in result.output  # four stacks and one shard of functions
+    shard = json.loads(next(out.glob("*Shard000*.nested.template.json")).read_text())
+    memory = sorted(
+        r["Properties"]["MemorySize"]
+        for r in shard["Resources"].values()
+        if r["Type"] == "AWS::Lambda::Function"
+    )
+    assert memory[-1] == 3008
+
+
+def test_bad_plan_is_refused_before_any_cloud_call(tiny, tmp_path):
+    (tmp_path / "plan.json").write_text('{"schema_version": 1, "policy": "x", "layers": [{"layer": 0}]}')
+    result = CliRunner().invoke(
+        cli, ["deploy", str(tiny.package()), "--plan", str(tmp_path / "plan.json"), "--synth-only"]
+    )
+    assert result.exit_code == 1 and "plan is malformed" in result.output
+
+
+def test_aws_endpoint_needs_local(tiny):
+    result = CliRunner().invoke(cli, ["deploy", str(tiny.package()), "--aws-endpoint", "http://127.0.0.1:1"])
+    assert result.exit_code == 2 and "--aws-endpoint is for --local" in result.output
+
+
+@pytest.mark.slow
+def test_deploy_local_mirrors_to_moto_and_serves_until_sigterm(tiny, moto_url, session, tmp_path):
+    """The whole local topology as a user starts it: emulator resources, local functions, REST endpoint."""
+    import os
+    import signal
+    import sys
+    import urllib.error
+    import urllib.request
+
+    artifacts = tiny.package()
+    planned(artifacts).save(tmp_path / "plan.json")
+    port = free_port()
+    env = os.environ | {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }
+    command = [
+        str(Path(sys.executable).with_name("moeless")),
+        "deploy",
+        str(artifacts),
+        "--plan",
+        str(tmp_path / "plan.json"),
+        "--stage",
+        "loc",
+        "--local",
+        "--aws-endpoint",
+        moto_url,
+        "--port",
+        str(port),
+    ]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        line = process.stdout.readline()
+        assert line.startswith(f"REST endpoint: http://127.0.0.1:{port}"), line + process.stderr.read()
+        body = json.dumps(
+            {"model": artifacts.name, "prompt": "Hello", "max_tokens": 3, "temperature": 0}
+        ).encode()
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/completions", body, {"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=120) as response:
+                assert json.loads(response.read())["usage"]["completion_tokens"] == 3
+        except urllib.error.HTTPError as exc:
+            raise AssertionError(exc.read().decode()) from None
+        lam = session.client("lambda", endpoint_url=moto_url)
+        mirrored = [
+            f for f in lam.list_functions()["Functions"] if f["FunctionName"].startswith("moeless-loc-")
+        ]
+        assert len(mirrored) == len(planned(artifacts).functions)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _out, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    assert "emulator at" in err
+
+
+def localstack_url() -> str | None:
+    """LOCALSTACK_ENDPOINT, else LocalStack's default port on this machine, if it answers."""
+    import os
+    import urllib.request
+
+    url = os.environ.get("LOCALSTACK_ENDPOINT", "http://127.0.0.1:4566")
+    try:
+        with urllib.request.urlopen(f"{url}/_localstack/health", timeout=2) as response:
+            return url if response.status == 200 else None
+    except OSError:
+        return None
+
+
+def test_mirror_against_localstack(tiny, session):
+    url = localstack_url()
+    if url is None:
+        pytest.skip(
+            "LocalStack is not reachable (it needs Docker, which this machine lacks): start it with "
+            "localstack/docker-compose.yml, or set LOCALSTACK_ENDPOINT"
+        )
+    artifacts = tiny.package()
+    report = mirror_deployment(session, artifacts, planned(artifacts), "ls", "http://127.0.0.1:8000", url)
+    lam = session.client("lambda", endpoint_url=url)
+    assert {f["FunctionName"] for f in lam.list_functions()["Functions"]} >= set(report.functions)
