@@ -3,13 +3,15 @@
 Usage:
     .venv/bin/python benchmarks/serve.py             # 1, 4 and 16 concurrent clients
     .venv/bin/python benchmarks/serve.py --quick     # 1 and 4 clients, fewer requests
+    .venv/bin/python benchmarks/serve.py --device cuda   # the GPU path (both backbones on the GPU)
 
 Model: the demo's tiny Mixtral (4 layers x 8 experts, hidden 128), built once under .moeless/bench/.
 For each number of concurrent clients, in the same run:
   * service: clients stream greedy completions from ``POST /v1/completions`` (uvicorn, real sockets);
     every routed expert runs in an awslambdaric process of the local host, invoked through boto3;
-  * baseline: the same continuous-batching engine over the unsplit checkpoint in-process (torch
-    experts, no HTTP), driven by the same number of concurrent requests.
+  * baseline: the same continuous-batching engine (batched decode) over the unsplit checkpoint
+    in-process (torch experts, no HTTP), driven by the same number of concurrent requests.
+Both backbones run on ``--device`` (``auto``: CUDA when present, else CPU).
 It prints output tokens/s, p50/p99 time per output token (TPOT: gap between tokens after the first),
 p50 time to first token, the ratio service/baseline, and the service's mean per-layer dispatch time
 (one MoE layer's experts for all sequences of a step: encode, invoke, wait, decode).
@@ -35,7 +37,7 @@ from moeless.generation import GenerationEngine, SamplingParams, eos_token_ids
 from moeless.lambda_host.experts import start_expert_host
 from moeless.manifest import load_manifest
 from moeless.plan import one_function_per_expert
-from moeless.serving import Backbone, BackboneConfig
+from moeless.serving import Backbone, BackboneConfig, resolve_device
 
 REPO = Path(__file__).resolve().parent.parent
 WORKDIR = REPO / ".moeless" / "bench" / "serve-mixtral"
@@ -123,24 +125,28 @@ def main() -> None:
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     args = parser.parse_args()
+    device = resolve_device(args.device)
     levels = (1, 4) if args.quick else (1, 4, 16)
     per_level = 8 if args.quick else 32
     model_dir, artifacts = tiny_mixtral(WORKDIR, progress=True)
     prompts = load_prompts(per_level)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    unsplit = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    unsplit = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     baseline = GenerationEngine(unsplit, tokenizer, None, eos_token_ids(unsplit), max_batch=16)
     plan = one_function_per_expert(load_manifest(artifacts))
     host = start_expert_host(artifacts, plan, REPO / "functions" / "expert")
-    backbone = Backbone(BackboneConfig(artifacts, lambda_endpoint=host.endpoint_url, max_batch=16))
+    backbone = Backbone(
+        BackboneConfig(artifacts, lambda_endpoint=host.endpoint_url, device=device, max_batch=16)
+    )
     server = BackgroundServer(create_app(backbone)).start()
     try:
         ask = service_request(server.url, backbone.model_name)
         run_clients(16, load_prompts(16), ask)  # warm-up: start the instances 16 clients need
         print(
             f"prompts: {'../shared/data/prompts/dev.jsonl' if SHARED_PROMPTS.is_file() else 'demo prompts'}, "
-            f"{per_level} requests per level, max_tokens {MAX_TOKENS}, greedy"
+            f"{per_level} requests per level, max_tokens {MAX_TOKENS}, greedy, backbones on {device}"
         )
         print(
             f"{'clients':>7} | {'service tok/s':>13} {'TPOT p50/p99 ms':>16} {'TTFT p50':>9} | "
