@@ -4,11 +4,14 @@ Usage:
     .venv/bin/python benchmarks/serve.py             # 1, 4 and 16 concurrent clients
     .venv/bin/python benchmarks/serve.py --quick     # 1 and 4 clients, fewer requests
     .venv/bin/python benchmarks/serve.py --device cuda   # the GPU path (both backbones on the GPU)
+    .venv/bin/python benchmarks/serve.py --host-process  # the local Lambda host in its own process
 
 Model: the demo's tiny Mixtral (4 layers x 8 experts, hidden 128), built once under .moeless/bench/.
 For each number of concurrent clients, in the same run:
   * service: clients stream greedy completions from ``POST /v1/completions`` (uvicorn, real sockets);
-    every routed expert runs in an awslambdaric process of the local host, invoked through boto3;
+    every routed expert runs in an awslambdaric process of the local host, invoked through boto3
+    (the host's HTTP servers run in this process, sharing its interpreter lock with the service,
+    unless ``--host-process`` runs them in a ``moeless functions up`` child, as Lambda is remote);
   * baseline: the same continuous-batching engine (batched decode) over the unsplit checkpoint
     in-process (torch experts, no HTTP), driven by the same number of concurrent requests.
 Both backbones run on ``--device`` (``auto``: CUDA when present, else CPU).
@@ -22,9 +25,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -42,6 +50,7 @@ from moeless.serving import Backbone, BackboneConfig, resolve_device
 REPO = Path(__file__).resolve().parent.parent
 WORKDIR = REPO / ".moeless" / "bench" / "serve-mixtral"
 SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "dev.jsonl"
+EXPERT_ROOT = REPO / "functions" / "expert"
 MAX_TOKENS = 24
 
 
@@ -119,6 +128,32 @@ def engine_request(engine: GenerationEngine, tokenizer):
     return one
 
 
+@contextmanager
+def expert_host(artifacts: Path, separate: bool) -> Iterator[str]:
+    """The Lambda API URL of the package's functions (one per expert) on the local host, hosted in
+    this process or, with ``separate``, in a ``moeless functions up`` child process."""
+    if not separate:
+        host = start_expert_host(artifacts, one_function_per_expert(load_manifest(artifacts)), EXPERT_ROOT)
+        try:
+            yield host.endpoint_url
+        finally:
+            host.stop()
+        return
+    command = [sys.executable, "-c", "from cli.main import cli; cli()", "functions", "up", str(artifacts)]
+    process = subprocess.Popen(
+        [*command, "--port", "0", "--quiet"], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        found = next((m for line in process.stdout if (m := re.search(r"Lambda API: (\S+)", line))), None)
+        if found is None:
+            raise RuntimeError(f"`moeless functions up` exited ({process.wait()}) before serving")
+        yield found[1]
+    finally:
+        process.terminate()
+        process.communicate(timeout=60)
+
+
 def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -126,6 +161,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--host-process", action="store_true", help="run the Lambda host in its own process")
     args = parser.parse_args()
     device = resolve_device(args.device)
     levels = (1, 4) if args.quick else (1, 4, 16)
@@ -135,18 +171,34 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     unsplit = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     baseline = GenerationEngine(unsplit, tokenizer, None, eos_token_ids(unsplit), max_batch=16)
-    plan = one_function_per_expert(load_manifest(artifacts))
-    host = start_expert_host(artifacts, plan, REPO / "functions" / "expert")
-    backbone = Backbone(
-        BackboneConfig(artifacts, lambda_endpoint=host.endpoint_url, device=device, max_batch=16)
-    )
+    with expert_host(artifacts, args.host_process) as endpoint:
+        backbone = Backbone(BackboneConfig(artifacts, lambda_endpoint=endpoint, device=device, max_batch=16))
+        try:
+            host = "in its own process" if args.host_process else "in-process"
+            setup = f"backbones on {device}, Lambda host {host}"
+            measure(backbone, baseline, tokenizer, prompts, levels, per_level, setup)
+        finally:
+            backbone.close()
+            baseline.stop()
+
+
+def measure(
+    backbone: Backbone,
+    baseline: GenerationEngine,
+    tokenizer,
+    prompts: list[str],
+    levels: tuple[int, ...],
+    per_level: int,
+    setup: str,
+) -> None:
+    """Both systems at each number of concurrent clients, the service first."""
     server = BackgroundServer(create_app(backbone)).start()
     try:
         ask = service_request(server.url, backbone.model_name)
         run_clients(16, load_prompts(16), ask)  # warm-up: start the instances 16 clients need
         print(
             f"prompts: {'../shared/data/prompts/dev.jsonl' if SHARED_PROMPTS.is_file() else 'demo prompts'}, "
-            f"{per_level} requests per level, max_tokens {MAX_TOKENS}, greedy, backbones on {device}"
+            f"{per_level} requests per level, max_tokens {MAX_TOKENS}, greedy, {setup}"
         )
         print(
             f"{'clients':>7} | {'service tok/s':>13} {'TPOT p50/p99 ms':>16} {'TTFT p50':>9} | "
@@ -171,9 +223,6 @@ def main() -> None:
         print(f"service counters: {json.dumps({k: int(v) for k, v in sorted(counters.items())})}")
     finally:
         server.stop()
-        backbone.close()
-        baseline.stop()
-        host.stop()
 
 
 if __name__ == "__main__":
