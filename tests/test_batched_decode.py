@@ -26,17 +26,18 @@ from moeless.tiny import TINY_ARCHS, TinySpec, tiny_config
 from tests.lambda_helpers import wait_for
 
 TIE_TOL = 1e-4
-# Lengths 1 to ~90 tokens: the longest cross GPT-OSS's 64-token sliding window in the prompt, the
-# one before it crosses it while decoding.
+# 1 to 171 tokens (tiny tokenizer): the 55-token prompt crosses GPT-OSS's 64-token sliding
+# window while decoding, the 101- and 171-token ones in their prompts.
 PROMPTS = [
     "The quick brown fox",
     "A",
-    "Serverless functions scale to zero and back again, " * 4,
+    "Serverless functions scale to zero and back again, " * 2 + "and the bill",
     "def fibonacci(n):\n    return n if n < 2 else fibonacci(n - 1) + fibonacci(n - 2)\n" * 3,
     "Mixture of experts",
     "import numpy as np\nx =",
+    "Serverless functions scale to zero and back again, " * 4,
 ]
-MAX_TOKENS = [14, 9, 12, 6, 11, 3]
+MAX_TOKENS = [14, 9, 12, 6, 11, 3, 5]
 
 
 def reference(model_dir: Path, prompts: list[str], max_tokens: list[int]) -> list[tuple[list[int], object]]:
