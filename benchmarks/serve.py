@@ -3,13 +3,18 @@
 Usage:
     .venv/bin/python benchmarks/serve.py             # 1, 4 and 16 concurrent clients
     .venv/bin/python benchmarks/serve.py --quick     # 1 and 4 clients, fewer requests
+    .venv/bin/python benchmarks/serve.py --device cuda   # the GPU path (both backbones on the GPU)
+    .venv/bin/python benchmarks/serve.py --host-process  # the local Lambda host in its own process
 
 Model: the demo's tiny Mixtral (4 layers x 8 experts, hidden 128), built once under .moeless/bench/.
 For each number of concurrent clients, in the same run:
   * service: clients stream greedy completions from ``POST /v1/completions`` (uvicorn, real sockets);
-    every routed expert runs in an awslambdaric process of the local host, invoked through boto3;
-  * baseline: the same continuous-batching engine over the unsplit checkpoint in-process (torch
-    experts, no HTTP), driven by the same number of concurrent requests.
+    every routed expert runs in an awslambdaric process of the local host, invoked through boto3
+    (the host's HTTP servers run in this process, sharing its interpreter lock with the service,
+    unless ``--host-process`` runs them in a ``moeless functions up`` child, as Lambda is remote);
+  * baseline: the same continuous-batching engine (batched decode) over the unsplit checkpoint
+    in-process (torch experts, no HTTP), driven by the same number of concurrent requests.
+Both backbones run on ``--device`` (``auto``: CUDA when present, else CPU).
 It prints output tokens/s, p50/p99 time per output token (TPOT: gap between tokens after the first),
 p50 time to first token, the ratio service/baseline, and the service's mean per-layer dispatch time
 (one MoE layer's experts for all sequences of a step: encode, invoke, wait, decode).
@@ -20,27 +25,33 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
+import subprocess
+import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
 from common import tiny_mixtral
 
-from backbone_service.app import create_app
-from backbone_service.server import BackgroundServer
+from backbone_service.local import running_service
 from moeless.contracts.manifest import load_manifest
 from moeless.contracts.plan import one_function_per_expert
 from moeless.demo.prompts import DEMO_PROMPTS
 from moeless.lambda_host.experts import start_expert_host
 from moeless.model.reference import eos_token_ids
-from moeless.serving.backbone import Backbone, BackboneConfig
+from moeless.serving.backbone import Backbone, BackboneConfig, resolve_device
 from moeless.serving.generation import GenerationEngine, SamplingParams
 
 REPO = Path(__file__).resolve().parent.parent
 WORKDIR = REPO / ".moeless" / "bench" / "serve-mixtral"
 SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "dev.jsonl"
+EXPERT_ROOT = REPO / "functions" / "expert"
 MAX_TOKENS = 24
 
 
@@ -118,57 +129,104 @@ def engine_request(engine: GenerationEngine, tokenizer):
     return one
 
 
+@contextmanager
+def host_process(artifacts: Path) -> Iterator[str]:
+    """The Lambda API URL of the package's functions (one per expert) on a local host in a
+    ``moeless functions up`` child process (off the service's interpreter lock)."""
+    command = [
+        sys.executable,
+        "-c",
+        "from moeless.cli.main import cli; cli()",
+        "functions",
+        "up",
+        str(artifacts),
+    ]
+    process = subprocess.Popen(
+        [*command, "--port", "0", "--quiet"], cwd=REPO, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout is not None
+        found = next((m for line in process.stdout if (m := re.search(r"Lambda API: (\S+)", line))), None)
+        if found is None:
+            raise RuntimeError(f"`moeless functions up` exited ({process.wait()}) before serving")
+        yield found[1]
+    finally:
+        process.terminate()
+        process.communicate(timeout=60)
+
+
 def main() -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    parser.add_argument("--host-process", action="store_true", help="run the Lambda host in its own process")
     args = parser.parse_args()
+    device = resolve_device(args.device)
     levels = (1, 4) if args.quick else (1, 4, 16)
     per_level = 8 if args.quick else 32
     model_dir, artifacts = tiny_mixtral(WORKDIR, progress=True)
     prompts = load_prompts(per_level)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    unsplit = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    unsplit = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     baseline = GenerationEngine(unsplit, tokenizer, None, eos_token_ids(unsplit), max_batch=16)
+    config = BackboneConfig(artifacts, device=device, max_batch=16, replan_interval_s=0)
     plan = one_function_per_expert(load_manifest(artifacts))
-    host = start_expert_host(artifacts, plan, REPO / "functions" / "expert")
-    backbone = Backbone(BackboneConfig(artifacts, lambda_endpoint=host.endpoint_url, max_batch=16))
-    server = BackgroundServer(create_app(backbone)).start()
-    try:
-        ask = service_request(server.url, backbone.model_name)
-        run_clients(16, load_prompts(16), ask)  # warm-up: start the instances 16 clients need
+    with ExitStack() as stack:
+        start_host = None
+        if args.host_process:
+            config = replace(config, lambda_endpoint=stack.enter_context(host_process(artifacts)))
+        else:
+            start_host = lambda: start_expert_host(artifacts, plan, EXPERT_ROOT)  # noqa: E731
+        server, backbone, _ = stack.enter_context(running_service(config, 0, start_host))
+        try:
+            host = "in its own process" if args.host_process else "in-process"
+            setup = f"backbones on {device}, Lambda host {host}"
+            measure(server.url, backbone, baseline, tokenizer, prompts, levels, per_level, setup)
+        finally:
+            baseline.stop()
+
+
+def measure(
+    url: str,
+    backbone: Backbone,
+    baseline: GenerationEngine,
+    tokenizer,
+    prompts: list[str],
+    levels: tuple[int, ...],
+    per_level: int,
+    setup: str,
+) -> None:
+    """Both systems at each number of concurrent clients, the service first."""
+    ask = service_request(url, backbone.model_name)
+    run_clients(16, load_prompts(16), ask)  # warm-up: start the instances 16 clients need
+    print(
+        f"prompts: {'../shared/data/prompts/dev.jsonl' if SHARED_PROMPTS.is_file() else 'demo prompts'}, "
+        f"{per_level} requests per level, max_tokens {MAX_TOKENS}, greedy, {setup}"
+    )
+    print(
+        f"{'clients':>7} | {'service tok/s':>13} {'TPOT p50/p99 ms':>16} {'TTFT p50':>9} | "
+        f"{'unsplit tok/s':>13} {'TPOT p50/p99 ms':>16} | {'tok/s ratio':>11} | {'dispatch ms/layer':>17}"
+    )
+    for clients in levels:
+        before = backbone.stats.snapshot()["dispatch"]
+        service, wall = run_clients(clients, prompts, ask)
+        served = summarise(service, wall)
+        after = backbone.stats.snapshot()["dispatch"]
+        count = sum(h["count"] for h in after.values()) - sum(h["count"] for h in before.values())
+        total = sum(h["sum"] for h in after.values()) - sum(h["sum"] for h in before.values())
+        local, wall = run_clients(clients, prompts, engine_request(baseline, tokenizer))
+        base = summarise(local, wall)
         print(
-            f"prompts: {'../shared/data/prompts/dev.jsonl' if SHARED_PROMPTS.is_file() else 'demo prompts'}, "
-            f"{per_level} requests per level, max_tokens {MAX_TOKENS}, greedy"
+            f"{clients:>7} | {served['tokens_per_s']:13.1f} "
+            f"{served['tpot_p50']:7.1f} /{served['tpot_p99']:7.1f} {served['ttft_p50']:9.1f} | "
+            f"{base['tokens_per_s']:13.1f} {base['tpot_p50']:7.1f} /{base['tpot_p99']:7.1f} | "
+            f"{served['tokens_per_s'] / base['tokens_per_s']:11.2f} | {total / max(count, 1) * 1e3:17.2f}"
         )
-        print(
-            f"{'clients':>7} | {'service tok/s':>13} {'TPOT p50/p99 ms':>16} {'TTFT p50':>9} | "
-            f"{'unsplit tok/s':>13} {'TPOT p50/p99 ms':>16} | {'tok/s ratio':>11} | {'dispatch ms/layer':>17}"
-        )
-        for clients in levels:
-            before = backbone.stats.snapshot()["dispatch"]
-            service, wall = run_clients(clients, prompts, ask)
-            served = summarise(service, wall)
-            after = backbone.stats.snapshot()["dispatch"]
-            count = sum(h["count"] for h in after.values()) - sum(h["count"] for h in before.values())
-            total = sum(h["sum"] for h in after.values()) - sum(h["sum"] for h in before.values())
-            local, wall = run_clients(clients, prompts, engine_request(baseline, tokenizer))
-            base = summarise(local, wall)
-            print(
-                f"{clients:>7} | {served['tokens_per_s']:13.1f} "
-                f"{served['tpot_p50']:7.1f} /{served['tpot_p99']:7.1f} {served['ttft_p50']:9.1f} | "
-                f"{base['tokens_per_s']:13.1f} {base['tpot_p50']:7.1f} /{base['tpot_p99']:7.1f} | "
-                f"{served['tokens_per_s'] / base['tokens_per_s']:11.2f} | {total / max(count, 1) * 1e3:17.2f}"
-            )
-        counters = backbone.stats.snapshot()["counters"]
-        print(f"service counters: {json.dumps({k: int(v) for k, v in sorted(counters.items())})}")
-    finally:
-        server.stop()
-        backbone.close()
-        baseline.stop()
-        host.stop()
+    counters = backbone.stats.snapshot()["counters"]
+    print(f"service counters: {json.dumps({k: int(v) for k, v in sorted(counters.items())})}")
 
 
 if __name__ == "__main__":

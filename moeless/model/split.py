@@ -51,7 +51,13 @@ def _dispatched_experts_class() -> type:
             rows = hidden_states.detach().to(torch.float32).cpu().numpy()
             groups = torch.split(torch.arange(len(experts)), counts.tolist())
             inputs = {int(e): rows[token_idx[g].numpy()] for e, g in zip(ids.tolist(), groups, strict=True)}
-            # 2. Run every needed expert of this layer.
+            # 2. Run every needed expert of this layer (a step coalescer also learns whose rows they are).
+            record = getattr(self.executor, "record_tokens", None)
+            if record is not None:
+                record(
+                    self.layer,
+                    {int(e): token_idx[g].numpy() for e, g in zip(ids.tolist(), groups, strict=True)},
+                )
             outputs = self.executor.run(self.layer, inputs)
             # 3. Combine with the routing weights, in expert order as transformers does.
             final = torch.zeros_like(hidden_states)

@@ -5,7 +5,12 @@ Each sequence of a step runs its backbone forward in its own thread. At every Mo
 layer, then one call per needed expert carries all of their rows, and each sequence gets its own
 rows' outputs back. Per-invoke overhead is paid once per layer per step, not once per sequence.
 
-A sequence that finishes (or fails) its forward ``leave()``s, so nobody waits for it at layers
+A participant is one forward: one sequence's prefill, or the batched decode of many sequences.
+Its ``routing`` (what each of its sequences sent to which expert, for the router hook) is one
+dict, or a list with one dict per token row of its forward; the split model reports each
+layer's token rows per expert with :meth:`StepCoalescer.record_tokens`.
+
+A participant that finishes (or fails) its forward ``leave()``s, so nobody waits for it at layers
 it will not reach. With :meth:`StepCoalescer.share_backbone`, the forwards take turns on the
 backbone (one computes while the others wait at a layer), so they do not oversubscribe the cores.
 """
@@ -18,6 +23,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from moeless.experts.runtime import ExpertExecutor
+
+Routing = dict[int, dict[int, int]]  # layer -> expert -> tokens
 
 
 @dataclass
@@ -56,11 +63,24 @@ class StepCoalescer:
             self._participants = participants
             self._left = []
 
-    def join(self, routing: dict[int, dict[int, int]] | None = None) -> None:
+    def join(self, routing: Routing | list[Routing] | None = None) -> None:
         """Called by each participant's thread before its forward; ``routing`` (layer -> tokens per
-        expert) accumulates what this participant sends."""
+        expert) accumulates what this participant sends: one dict for all its token rows, or one
+        dict per token row (a batched decode: row ``b`` is sequence ``b``'s token)."""
         self._local.layers = set()
         self._local.routing = routing
+
+    def record_tokens(self, layer: int, tokens: dict[int, np.ndarray]) -> None:
+        """The calling participant's token rows (indices into its forward's ``[T, H]`` hidden states)
+        sent to each expert of ``layer``: counted into its ``routing``."""
+        routing = getattr(self._local, "routing", None)
+        if routing is None or getattr(self._local, "layers", None) is None:
+            return
+        for expert, rows in tokens.items():
+            owners = [routing] * len(rows) if isinstance(routing, dict) else [routing[int(t)] for t in rows]
+            for owner in owners:
+                counts = owner.setdefault(layer, {})
+                counts[expert] = counts.get(expert, 0) + 1
 
     def leave(self) -> None:
         """Called by each participant's thread after its forward, also when it failed."""
@@ -82,11 +102,6 @@ class StepCoalescer:
         layers = getattr(self._local, "layers", None)
         if layers is None:  # not part of a step (direct use): run alone
             return self.inner.run(layer, inputs)
-        routing = getattr(self._local, "routing", None)
-        if routing is not None:
-            counts = routing.setdefault(layer, {})
-            for expert, rows in inputs.items():
-                counts[expert] = counts.get(expert, 0) + len(rows)
         with self._cond:
             layers.add(layer)
             batch = self._pending.setdefault(layer, [])

@@ -1,14 +1,17 @@
 """The generation engine: continuous batching of requests over the split model.
 
-One loop thread runs *steps*. A step takes every active sequence (new ones prefill, the others
-decode one token), runs their forwards one thread each, taking turns on the backbone, with the
-expert calls of each MoE layer merged across them (:class:`~moeless.serving.coalesce.StepCoalescer`): one
-invoke per expert per layer per step, whatever the number of sequences. Then it samples one
-token per sequence, streams the new text, and retires finished sequences. Waiting requests join
-at the next step boundary, up to ``max_batch`` in flight.
+One loop thread runs *steps*. A step takes every active sequence: the ones already decoding run
+**one batched forward** (one token each, their KV caches stacked and left-padded,
+:class:`~moeless.serving.decode_batch.DecodeBatch`), and each new one runs its prefill forward alone,
+all of these concurrently, taking turns on the backbone, with the expert calls of each MoE layer
+merged across them (:class:`~moeless.serving.coalesce.StepCoalescer`): one invoke per expert per layer
+per step, whatever the number of sequences. Then it samples one token per sequence, streams the
+new text, and retires finished sequences. Waiting requests join at the next step boundary, up
+to ``max_batch`` in flight; a prefilled sequence joins the decode batch at the step after.
 
-Each sequence keeps its own KV cache and runs exactly the forwards ``generate`` would (prefill,
-then one token at a time, last-position logits), so greedy decoding gives ``generate``'s tokens.
+Prefill is exactly ``generate``'s; the batched decode is ``generate``'s left-padded batch (mask
+and position ids), equal to one-at-a-time decoding up to float rounding (see docs/serving.md
+for the tolerance and the tie rule).
 """
 
 from __future__ import annotations
@@ -18,11 +21,12 @@ import time
 import uuid
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from moeless.serving.coalesce import StepCoalescer
+from moeless.serving.decode_batch import DecodeBatch
 from moeless.serving.stats import ServingStats
 
 REPLACEMENT_CHAR = "\ufffd"  # an incomplete UTF-8 sequence at the end of the decoded text
@@ -89,7 +93,7 @@ class Sequence:
     emitted: int = 0
     finish_reason: str | None = None
     error: str | None = None
-    cache: Any = None
+    cache: Any = None  # its own KV cache between its prefill and joining the decode batch
     logits: Any = None
     generator: Any = None
     submitted_at: float = field(default_factory=time.perf_counter)
@@ -160,6 +164,7 @@ class GenerationEngine:
         self._active: list[Sequence] = []
         self._cond = threading.Condition()
         self._stopping = False
+        self._decoding = DecodeBatch(model.config)
         self._pool = ThreadPoolExecutor(max_batch, thread_name_prefix="forward")
         # one forward computes at a time (the others wait for experts): no core oversubscription
         self._backbone = threading.Lock()
@@ -219,6 +224,7 @@ class GenerationEngine:
                         self._fail(sequence, "the server shut down before the request finished")
                     self._active.clear()
                     self._waiting.clear()
+                    self._decoding.clear()
                     return
                 while self._waiting and len(self._active) < self.max_batch:
                     self._active.append(self._waiting.popleft())
@@ -228,34 +234,65 @@ class GenerationEngine:
                 self._active = [s for s in self._active if not s.done.is_set()]
 
     def _step(self, batch: list[Sequence]) -> None:
+        # 1. The decode batch: finished rows leave, the sequences prefilled last step join.
+        present = {id(sequence) for sequence in batch}
+        keep = [s for s in self._decoding.members if id(s) in present]
+        joining = [s for s in batch if s.cache is not None]
+        self._decoding.rebuild(keep, [(s, s.cache, len(s.prompt_ids)) for s in joining])
+        for sequence in joining:
+            sequence.cache = None
+        decoding = list(self._decoding.members)
+        in_batch = {id(s) for s in decoding}
+        prefilling = [s for s in batch if id(s) not in in_batch]
+        # 2. One batched decode forward and one prefill forward per new sequence, concurrently.
         if self.coalescer is not None:
-            self.coalescer.begin_step(len(batch))
-        futures = [self._pool.submit(self._forward, sequence) for sequence in batch]
-        for sequence, future in zip(batch, futures, strict=True):
+            self.coalescer.begin_step(len(prefilling) + (1 if decoding else 0))
+        futures: list[tuple[Sequence | None, Future[None]]] = [
+            (s, self._pool.submit(self._prefill, s)) for s in prefilling
+        ]
+        if decoding:
+            futures.append((None, self._pool.submit(self._decode, decoding)))
+        # 3. Sample, stream, retire; a failed forward fails only the sequences it carried.
+        for alone, future in futures:
+            carried = decoding if alone is None else [alone]
             try:
                 future.result()
             except Exception as exc:  # one request's failure must not take the others down
-                self._fail(sequence, f"{type(exc).__name__}: {exc}")
+                if alone is None:
+                    self._decoding.clear()  # some layers may hold the new column, others not
+                for failed in carried:
+                    self._fail(failed, f"{type(exc).__name__}: {exc}")
                 continue
-            self._advance(sequence)
+            for done in carried:
+                self._advance(done)
 
-    def _forward(self, sequence: Sequence) -> None:
+    def _prefill(self, sequence: Sequence) -> None:
+        """The prompt's forward alone (exactly ``generate``'s), keeping its own cache until it joins."""
+        out = self._forward(sequence.routing, input_ids=[sequence.prompt_ids], past_key_values=None)
+        sequence.cache = out.past_key_values
+        sequence.logits = out.logits[0, -1].float().cpu()
+
+    def _decode(self, decoding: list[Sequence]) -> None:
+        """One token for every decoding sequence, in one forward over the stacked caches."""
+        inputs = self._decoding.inputs([s.generated[-1] for s in decoding], self.device)
+        out = self._forward([s.routing for s in decoding], **inputs)
+        self._decoding.advanced(inputs)
+        logits = out.logits[:, -1].float().cpu()
+        for row, sequence in enumerate(decoding):
+            sequence.logits = logits[row]
+
+    def _forward(self, routing: dict[int, Any] | list[dict[int, Any]], **inputs: Any) -> Any:
+        """One model forward as a step participant (``routing``: per sequence, or per token row)."""
         import torch
 
         if self.coalescer is not None:
-            self.coalescer.join(sequence.routing)
+            self.coalescer.join(routing)
         self._backbone.acquire()
         try:
-            ids = sequence.prompt_ids if sequence.cache is None else sequence.generated[-1:]
+            if not torch.is_tensor(inputs["input_ids"]):
+                inputs["input_ids"] = torch.tensor(inputs["input_ids"], device=self.device)
             with torch.inference_mode():
-                out = self.model(
-                    input_ids=torch.tensor([ids], device=self.device),
-                    past_key_values=sequence.cache,
-                    use_cache=True,
-                    logits_to_keep=1,
-                )
-            sequence.cache = out.past_key_values
-            sequence.logits = out.logits[0, -1].float().cpu()
+                return self.model(**inputs, use_cache=True, logits_to_keep=1)
         finally:
             self._backbone.release()
             if self.coalescer is not None:
