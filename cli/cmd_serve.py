@@ -59,6 +59,13 @@ from cli.running import expert_task_root, host_options, running_service, wait_fo
     help="A trace of this model (`moeless profile`): pre-warm each request's predicted functions.",
 )
 @click.option(
+    "--predictor",
+    type=click.Choice(["kernel", "sps"]),
+    default="kernel",
+    show_default=True,
+    help="With --predictor-trace: kernel-weighted neighbours (best measured) or Remoe's SPS.",
+)
+@click.option(
     "--replan-interval",
     type=click.FloatRange(0),
     default=60.0,
@@ -78,6 +85,7 @@ def serve(
     max_batch: int,
     model_name: str | None,
     predictor_trace: Path | None,
+    predictor: str,
     replan_interval: float,
     alias: str,
     max_instances: int,
@@ -129,6 +137,7 @@ def serve(
         max_batch=max_batch,
         replan_interval_s=replan_interval,
         predictor_trace=predictor_trace,
+        predictor=predictor,
     )
     with running_service(
         config, port, start_host if local else None, lambda message: echo_step(message, quiet)

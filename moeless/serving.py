@@ -41,6 +41,8 @@ class BackboneConfig:
         replan_interval_s: re-provision the functions from observed loads this often (0: never).
         predictor_trace: a trace of this model: Similar-Prompt Search learns from it and pre-warms
             each request's predicted functions (``None``: no pre-warming).
+        predictor: which prompt-level predictor learns from ``predictor_trace``: ``kernel``
+            (kernel-weighted neighbours, the best measured: docs/predictors.md) or ``sps`` (Remoe's).
         prewarm_idle_s: a function not invoked for this long is presumed cold.
         function_prefix: the deployed functions' name prefix (``moeless-STAGE-`` on AWS; see
             :meth:`moeless.plan.Plan.prefixed`); empty: the plan's names as they are.
@@ -58,6 +60,7 @@ class BackboneConfig:
     attempts: int = 3
     replan_interval_s: float = 0.0
     predictor_trace: Path | None = None
+    predictor: str = "kernel"
     prewarm_idle_s: float = 240.0
     function_prefix: str = ""
 
@@ -134,16 +137,21 @@ class Backbone:
             return None
         from moeless.predictors import Embedder, fit_sps
         from moeless.prewarm import SpsPrewarmer
+        from moeless.prompt_predictors import fit_kernel
         from moeless.trace import TraceError, load_trace
+
+        fitters = {"kernel": fit_kernel, "sps": fit_sps}
+        if config.predictor not in fitters:
+            raise TraceError(f"unknown predictor {config.predictor!r}; choose one of {', '.join(fitters)}")
 
         trace = load_trace(config.predictor_trace)
         if trace.layers != list(self.manifest.moe_layers) or trace.num_experts != self.manifest.num_experts:
             raise TraceError(
                 f"{config.predictor_trace} was not recorded from this model's layers and experts"
             )
-        sps = fit_sps(trace, np.unique(trace.request), Embedder())
+        predictor = fitters[config.predictor](trace, np.unique(trace.request), Embedder())
         return SpsPrewarmer(
-            sps,
+            predictor,
             list(self.manifest.moe_layers),
             self.dispatcher.replicas,
             self.dispatcher.last_used,

@@ -210,7 +210,9 @@ def test_a_profile_trace_folder_is_read_too(tmp_path, routing):
     meta = {"schema_version": 1, "model": "m", "num_experts": E, "top_k": K, "moe_layers": [0, 1, 2]}
     (folder / "meta.json").write_text(json.dumps(meta))
     trace = load_routing_or_trace(folder)
-    assert evaluate_routing(trace, "table")["mean"] == evaluate_routing(source, "table")["mean"]
+    from_folder, from_file = evaluate_routing(trace, "table"), evaluate_routing(source, "table")
+    for key in ("hit_rate", "set_recall", "load_accuracy"):
+        assert from_folder["mean"][key] == from_file["mean"][key]
 
 
 def test_eval_routing_command(routing):
@@ -247,3 +249,35 @@ def test_gpt_oss_routing_reads_and_the_table_beats_the_prior():
     table = evaluate_routing(trace, "table", 1)
     freq = evaluate_routing(trace, "freq", 1)
     assert table["mean"]["hit_rate"] > freq["mean"]["hit_rate"] + 0.2
+
+
+def test_simulator_prewarming_takes_a_measured_accuracy(tmp_path):
+    from moeless.simulator import PREDICTORS, PrewarmModel
+
+    # given the JSON of a load-level and of a token-level evaluation
+    kernel = {"method": "kernel", "mean": {"hit_rate": 0.3, "set_recall": 0.71, "load_accuracy": 0.8}}
+    cross = {"method": "crosslayer", "mean": {"hit_rate": 0.77, "set_recall": 0.6, "load_accuracy": 0.7}}
+    assert PrewarmModel.from_eval(kernel) == PrewarmModel(0.71, "request")
+    assert PrewarmModel.from_eval(cross) == PrewarmModel(0.77, "layer")
+    with pytest.raises(ValueError, match="unknown predictor method"):
+        PrewarmModel.from_eval({"method": "magic", "mean": {}})
+    # when the simulate command is given one, the report says which accuracy it used
+    loads = {"layers": [{"layer": 0, "counts": [5, 3, 1, 1]}, {"layer": 1, "counts": [1, 1, 4, 4]}]}
+    (tmp_path / "loads.json").write_text(json.dumps(loads | {"top_k": 2}))
+    (tmp_path / "eval.json").write_text(json.dumps(kernel))
+    common = ["simulate", "--loads", str(tmp_path / "loads.json"), "--duration", "3", "--hidden", "64"]
+    common += ["--intermediate", "128", "--prompt-tokens", "4", "--output-tokens", "2", "--policies", "remoe"]
+    runner = CliRunner()
+    result = runner.invoke(
+        cli, [*common, "--prewarm-eval", f"remoe={tmp_path / 'eval.json'}", "-o", str(tmp_path / "r")]
+    )
+    assert result.exit_code == 0, result.output
+    assert "remoe pre-warms request-ahead at a measured accuracy of 0.710" in result.output
+    assert PREDICTORS["remoe"].hit_rate != 0.71  # the built-in default stays as it was
+    bad = runner.invoke(cli, [*common, "--prewarm-eval", "static=x.json", "-o", str(tmp_path / "b")])
+    assert bad.exit_code == 2 and "moeless=FILE or remoe=FILE" in bad.output
+
+
+def test_serve_offers_the_prompt_predictors():
+    result = CliRunner().invoke(cli, ["serve", "--help"])
+    assert "--predictor [kernel|sps]" in result.output
