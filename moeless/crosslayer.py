@@ -93,7 +93,7 @@ class _Net:
     b2: np.ndarray | None = None
 
     def __call__(self, index: np.ndarray, weight: np.ndarray) -> np.ndarray:
-        out = np.einsum("nj,njh->nh", weight, self.w1[index]) + self.b1
+        out = np.matmul(weight[:, None, :], self.w1[index])[:, 0] + self.b1
         if self.w2 is None:
             return out
         return np.maximum(out, 0.0) @ self.w2 + self.b2
