@@ -4,6 +4,7 @@ answer for the prompt-level and cross-layer predictors, online learning, the CLI
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -281,3 +282,24 @@ def test_simulator_prewarming_takes_a_measured_accuracy(tmp_path):
 def test_serve_offers_the_prompt_predictors():
     result = CliRunner().invoke(cli, ["serve", "--help"])
     assert "--predictor [kernel|sps]" in result.output
+
+
+def test_the_prewarmer_runs_on_kernel_neighbours_and_learns_online():
+    from moeless.prewarm import SpsPrewarmer
+
+    # given the pre-warmer of the serving path driven by the kernel predictor
+    calls = []
+    prior = FrequencyPrior({0: np.array([8.0, 1, 1, 0]), 1: np.array([0.0, 0, 5, 5])})
+    kernel = KernelNeighbours(BagOfWords(), prior, bandwidth=0.05, neighbours=1)
+    replicas = {(layer, e): [f"f-{layer}-{e}"] for layer in (3, 5) for e in range(4)}
+    hook = SpsPrewarmer(kernel, [3, 5], replicas, {}, lambda *c: calls.append(c), top_k=2)
+    # when a finished request is learned, the next similar prompt is predicted (and warmed) from it
+    hook.after_request("alpha beta", {3: {1: 10}, 5: {3: 4}})
+    np.testing.assert_allclose(kernel.predict("alpha beta")[0], [0, 1, 0, 0], atol=1e-6)
+    hook.before_request("alpha beta", [1, 2, 3])
+    for _ in range(200):  # the warm-ups run in the background
+        if len(calls) == 2:
+            break
+        time.sleep(0.01)
+    hook.close()
+    assert sorted(calls) == [("f-3-1", 3, 1), ("f-5-3", 5, 3)]
