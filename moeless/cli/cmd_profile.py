@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from moeless.cli.cmd_predict_routing import eval_routing
 from moeless.cli.options import quiet_option
 
 
@@ -124,3 +125,6 @@ def evaluate(
             f"{row['layer']:>5} {row['hit_rate']:9.3f} {row['set_recall']:10.3f} {row['load_accuracy']:9.3f} "
             f"{row['latency_ms_p50']:8.4f} {row['latency_ms_p99']:8.4f}"
         )
+
+
+predict.add_command(eval_routing)

@@ -65,6 +65,13 @@ if TYPE_CHECKING:
     help="A trace of this model (`moeless profile`): pre-warm each request's predicted functions.",
 )
 @click.option(
+    "--predictor",
+    type=click.Choice(["kernel", "sps"]),
+    default="kernel",
+    show_default=True,
+    help="With --predictor-trace: kernel-weighted neighbours (best measured) or Remoe's SPS.",
+)
+@click.option(
     "--replan-interval",
     type=click.FloatRange(0),
     default=DEFAULT_REPLAN_INTERVAL_S,
@@ -84,6 +91,7 @@ def serve(
     max_batch: int,
     model_name: str | None,
     predictor_trace: Path | None,
+    predictor: str,
     replan_interval: float,
     alias: str,
     max_instances: int,
@@ -113,6 +121,7 @@ def serve(
         max_batch=max_batch,
         replan_interval_s=replan_interval,
         predictor_trace=predictor_trace,
+        predictor=predictor,
     )
     host = LocalHost(functions_port, alias, max_instances, idle_timeout, timeout, log_dir, task_root)
     serve_until_stopped(config, port, host if local else None, meter_out, quiet)

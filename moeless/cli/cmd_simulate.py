@@ -38,6 +38,14 @@ import click
     "--no-predictors", is_flag=True, help="moeless and remoe run without pre-warming from their predictors."
 )
 @click.option(
+    "--prewarm-eval",
+    "prewarm_evals",
+    multiple=True,
+    metavar="POLICY=EVAL.json",
+    help="Pre-warm POLICY (moeless, remoe) at the accuracy of this `moeless predict eval` / "
+    "`eval-routing --json` result instead of the built-in one. Repeatable.",
+)
+@click.option(
     "--replan",
     "replan_s",
     type=click.FloatRange(0),
@@ -67,6 +75,7 @@ def simulate(
     duration: float,
     seed: int,
     no_predictors: bool,
+    prewarm_evals: tuple[str, ...],
     replan_s: float | None,
     workers: int,
     hidden: int | None,
@@ -100,6 +109,7 @@ def simulate(
         loads = load_loads(loads_path)
         top_k = loads.top_k or 2
         replay = sample_requests(loads, times, top_k, prompt_tokens, output_tokens, rng)
+    prewarm = _prewarm_models(prewarm_evals)
     names = [p.strip() for p in policies.split(",") if p.strip()]
     if unknown := [name for name in names if name not in POLICIES]:
         raise click.BadParameter(
@@ -119,6 +129,27 @@ def simulate(
         intermediate,
         replan_s or None,
         not no_predictors,
+        prewarm=prewarm,
     )
     click.echo((output / "report.md").read_text())
     click.echo("plots: " + ", ".join(str(p) for p in plots))
+
+
+def _prewarm_models(specs: tuple[str, ...]) -> dict:
+    """``POLICY=EVAL.json`` options -> policy -> PrewarmModel (one clear error per bad option)."""
+    import json
+
+    from moeless.simulation.simulator import PrewarmModel
+
+    models = {}
+    for spec in specs:
+        policy, _, path = spec.partition("=")
+        if policy not in ("moeless", "remoe") or not path:
+            raise click.BadParameter(
+                f"{spec!r}: expected moeless=FILE or remoe=FILE", param_hint="--prewarm-eval"
+            )
+        try:
+            models[policy] = PrewarmModel.from_eval(json.loads(Path(path).read_text()))
+        except (OSError, ValueError) as exc:
+            raise click.BadParameter(f"{path}: {exc}", param_hint="--prewarm-eval") from None
+    return models

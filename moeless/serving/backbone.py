@@ -6,8 +6,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,6 +45,8 @@ class BackboneConfig:
         replan_interval_s: re-provision the functions from observed loads this often (0: never).
         predictor_trace: a trace of this model: Similar-Prompt Search learns from it and pre-warms
             each request's predicted functions (``None``: no pre-warming).
+        predictor: which prompt-level predictor learns from ``predictor_trace``: ``kernel``
+            (kernel-weighted neighbours, the best measured: docs/predictors.md) or ``sps`` (Remoe's).
         prewarm_idle_s: a function not invoked for this long is presumed cold.
         function_prefix: the deployed functions' name prefix (``moeless-STAGE-`` on AWS; see
             :meth:`moeless.contracts.plan.Plan.prefixed`); empty: the plan's names as they are.
@@ -60,6 +64,7 @@ class BackboneConfig:
     attempts: int = 3
     replan_interval_s: float = DEFAULT_REPLAN_INTERVAL_S
     predictor_trace: Path | None = None
+    predictor: str = "kernel"
     prewarm_idle_s: float = 240.0
     function_prefix: str = ""
 
@@ -135,17 +140,22 @@ class Backbone:
         if config.predictor_trace is None:
             return None
         from moeless.prediction.predictors import Embedder, fit_sps
+        from moeless.prediction.prompt_predictors import fit_kernel
         from moeless.prediction.trace import TraceError, load_trace
         from moeless.serving.prewarm import SpsPrewarmer
+
+        fitters: dict[str, Callable[..., Any]] = {"kernel": fit_kernel, "sps": fit_sps}
+        if config.predictor not in fitters:
+            raise TraceError(f"unknown predictor {config.predictor!r}; choose one of {', '.join(fitters)}")
 
         trace = load_trace(config.predictor_trace)
         if trace.layers != list(self.manifest.moe_layers) or trace.num_experts != self.manifest.num_experts:
             raise TraceError(
                 f"{config.predictor_trace} was not recorded from this model's layers and experts"
             )
-        sps = fit_sps(trace, np.unique(trace.request), Embedder())
+        predictor = fitters[config.predictor](trace, np.unique(trace.request), Embedder())
         return SpsPrewarmer(
-            sps,
+            predictor,
             list(self.manifest.moe_layers),
             self.dispatcher.replicas,
             self.dispatcher.last_used,

@@ -21,12 +21,14 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from moeless.prediction.predictors import SimilarPromptSearch, cover_set
+from moeless.prediction.prompt_predictors import KernelNeighbours
 from moeless.serving.replanner import RollingLoads
 
 
 class SpsPrewarmer:
     """Args:
-    sps: the fitted predictor (its layer indices follow ``layers``).
+    sps: the fitted prompt-level predictor, SPS or kernel neighbours (its layer indices follow
+        ``layers``).
     layers: the model's MoE layer ids, in order.
     replicas: (layer id, expert) -> functions hosting it.
     last_used: function -> monotonic time of its last invoke (kept by the dispatcher).
@@ -36,7 +38,7 @@ class SpsPrewarmer:
 
     def __init__(
         self,
-        sps: SimilarPromptSearch,
+        sps: SimilarPromptSearch | KernelNeighbours,
         layers: list[int],
         replicas: dict[tuple[int, int], list[str]],
         last_used: dict[str, float],

@@ -124,6 +124,21 @@ class PrewarmModel:
     lead: str
     seed: int = 0
 
+    @classmethod
+    def from_eval(cls, result: dict[str, Any]) -> PrewarmModel:
+        """The model of a measured predictor: the JSON of ``moeless predict eval`` or
+        ``eval-routing``. A token-level method (``distance`` ahead, at a layer) pre-warms with its
+        mean hit rate, a load-level one (at arrival) with its set recall (the share of a request's
+        experts it foresees)."""
+        if not isinstance(result, dict) or not isinstance(result.get("mean"), dict):
+            raise ValueError('not a predictor evaluation: no "mean" metrics')
+        method = result.get("method")
+        if method in ("freq", "sps", "kernel"):
+            return cls(hit_rate=float(result["mean"]["set_recall"]), lead="request")
+        if method in ("gate", "layer", "table", "crosslayer", "oracle"):
+            return cls(hit_rate=float(result["mean"]["hit_rate"]), lead="layer")
+        raise ValueError(f"unknown predictor method {method!r} in the evaluation")
+
 
 @dataclass
 class PolicyResult:
@@ -504,7 +519,8 @@ def write_report(results: list[PolicyResult], out_dir: Any, header: list[str], s
 
 
 # The predictors' measured accuracy (benchmarks/predictors.py, README): the layer-aware predictor's
-# hit rate at d = 1 for moeless, SPS's request-level set recall for remoe.
+# hit rate at d = 1 for moeless, SPS's request-level set recall for remoe. The defaults only:
+# ``moeless simulate --prewarm-eval POLICY=EVAL.json`` replaces them by a measured evaluation.
 PREDICTORS = {
     "moeless": PrewarmModel(hit_rate=0.890, lead="layer"),
     "remoe": PrewarmModel(hit_rate=0.639, lead="request"),
@@ -537,11 +553,13 @@ def simulate_policy(
     progress: bool = False,
     replan_s: float | None = None,
     predictors: bool = True,
+    prewarm: dict[str, PrewarmModel] | None = None,
 ) -> PolicyResult:
     """Plan ``name`` for ``loads`` and replay the requests through it.
 
     With ``replan_s`` the serverless policies re-plan from the loads of each window of that length;
-    with ``predictors`` moeless and remoe pre-warm what their predictor foresees (``PREDICTORS``).
+    with ``predictors`` moeless and remoe pre-warm what their predictor foresees (``prewarm``, a
+    policy -> model map measured by ``predict eval``; ``PREDICTORS`` where it names none).
 
     ``static`` and ``static-replicated`` (load-aware replication, 1.25E slots) are serverful GPU
     fleets of ``workers``; ``moeless`` puts the same replication on functions; ``remoe`` plans
@@ -571,7 +589,7 @@ def simulate_policy(
         serverful=serverful,
         replan=replan if use_replan else None,
         replan_s=replan_s or 60.0,
-        prewarm=PREDICTORS.get(name) if predictors else None,
+        prewarm=(PREDICTORS | (prewarm or {})).get(name) if predictors else None,
     ).run(replay, duration_s, progress)
     result.policy = name
     return result

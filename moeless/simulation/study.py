@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from moeless.contracts.loads import Loads
-from moeless.simulation.simulator import PolicyResult, Request, simulate_policy
+from moeless.simulation.simulator import PolicyResult, PrewarmModel, Request, simulate_policy
 
 
 def run_study(
@@ -23,11 +23,13 @@ def run_study(
     replan_s: float | None = None,
     predictors: bool = True,
     progress: bool = True,
+    prewarm: dict[str, PrewarmModel] | None = None,
 ) -> tuple[list[PolicyResult], list[Path]]:
     """Simulate ``policies`` on ``replay``; returns the results and the plot files written.
 
     Args:
         describe: report header lines saying where the requests came from.
+        prewarm: policy -> its predictor's measured pre-warming model (default ``PREDICTORS``).
     """
     from moeless.planning.cost_model import CostModel
     from moeless.planning.planner import expert_shape
@@ -38,7 +40,18 @@ def run_study(
     model = CostModel()
     results = [
         simulate_policy(
-            name, loads, top_k, shape, workers, replay, duration_s, model, progress, replan_s, predictors
+            name,
+            loads,
+            top_k,
+            shape,
+            workers,
+            replay,
+            duration_s,
+            model,
+            progress,
+            replan_s,
+            predictors,
+            prewarm,
         )
         for name in policies
     ]
@@ -49,6 +62,11 @@ def run_study(
         f"- policies: {', '.join(policies)}; workers {workers}; re-planning "
         + (f"every {replan_s:.0f} s" if replan_s else "off")
         + ("; moeless and remoe pre-warm from their predictors" if predictors else "; predictors off"),
+        *(
+            f"- {name} pre-warms {m.lead}-ahead at a measured accuracy of {m.hit_rate:.3f}"
+            for name, m in (prewarm or {}).items()
+            if predictors
+        ),
     ]
     write_report(results, out_dir, header, model.sources())
     return results, write_plots(results, out_dir, bin_s=max(1.0, duration_s / 30))

@@ -1,0 +1,76 @@
+"""Expert-load predictors on a real model's routing: gpt-oss-20b's decode tokens, all 24 layers.
+
+Usage:
+    .venv/bin/python benchmarks/routing_predictors.py                    # 70/30 split by request
+    .venv/bin/python benchmarks/routing_predictors.py --test-fraction 0.5
+
+Runs `moeless predict eval-routing` on ../shared/data/routing/gptoss20b_decode.npz for the
+prompt-level methods (freq, sps, kernel) and the token-level ones (table, crosslayer) at
+d = 1, 2, 3, then prints the goals of issue 16: kernel >= freq + 0.10 load accuracy and never
+below SPS; crosslayer >= 1.10 x the table's hit rate at every d, under 0.05 ms per layer (p50).
+Takes about 10 minutes on 2 busy cores (the cross-layer networks: 23 pairs per distance).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from moeless.prediction.predictors import Embedder
+from moeless.prediction.routing_eval import evaluate_routing
+from moeless.prediction.routing_file import load_routing
+
+ROUTING = (
+    Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "routing" / "gptoss20b_decode.npz"
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--test-fraction", type=float, default=0.3)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    if not ROUTING.is_file():
+        sys.exit(f"needs {ROUTING} (the project's shared data)")
+    trace = load_routing(ROUTING)
+    embedder = Embedder()
+    print(
+        f"{ROUTING.name}: {len(trace.prompts)} requests, {len(trace.request)} tokens, "
+        f"test fraction {args.test_fraction}"
+    )
+    print(
+        f"{'d':>3} {'method':<10} | {'hit rate':>8} {'set recall':>10} {'load acc':>8} | "
+        f"{'ms/layer p50':>12} {'p99':>7}"
+    )
+    results = {}
+    runs = [(m, 1) for m in ("freq", "sps", "kernel")] + [
+        (m, d) for d in (1, 2, 3) for m in ("table", "crosslayer")
+    ]
+    for method, distance in runs:
+        result = evaluate_routing(trace, method, distance, args.seed, None, args.test_fraction, embedder)
+        results[(method, distance)] = m = result["mean"]
+        shown = "any" if method in ("freq", "sps", "kernel") else distance
+        print(
+            f"{shown:>3} {method:<10} | {m['hit_rate']:8.3f} {m['set_recall']:10.3f} "
+            f"{m['load_accuracy']:8.3f} | "
+            f"{m['latency_ms_p50']:12.4f} {m['latency_ms_p99']:7.4f}",
+            flush=True,
+        )
+    freq, sps, kernel = (results[(m, 1)]["load_accuracy"] for m in ("freq", "sps", "kernel"))
+    print("\ngoals")
+    print(
+        f"  kernel vs prior, load accuracy {kernel:.3f} vs {freq:.3f}: {kernel - freq:+.3f} (goal >= +0.10)"
+    )
+    print(f"  kernel vs SPS, load accuracy {kernel:.3f} vs {sps:.3f}: {kernel - sps:+.3f} (goal >= 0)")
+    for d in (1, 2, 3):
+        cross, table = results[("crosslayer", d)], results[("table", d)]
+        print(
+            f"  d={d}: crosslayer vs table, hit rate {cross['hit_rate']:.3f} vs {table['hit_rate']:.3f}: "
+            f"{cross['hit_rate'] / table['hit_rate'] - 1:+.1%} (goal >= +10%), "
+            f"{cross['latency_ms_p50']:.4f} ms per layer p50 (goal < 0.05)"
+        )
+
+
+if __name__ == "__main__":
+    main()
