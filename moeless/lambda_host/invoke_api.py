@@ -1,9 +1,10 @@
 """The caller's side of the local host: Lambda's REST API on 127.0.0.1, as boto3 speaks it.
 
 Implemented operations (paths and shapes from botocore's Lambda service model): Invoke
-(RequestResponse, Event, DryRun; LogType Tail), Put/Get/DeleteProvisionedConcurrencyConfig,
+(RequestResponse, Event, DryRun; LogType Tail), Put/Get/Delete/ListProvisionedConcurrencyConfig(s),
 Put/Get/DeleteFunctionConcurrency, GetFunction, GetFunctionConfiguration, ListFunctions.
-Errors carry ``x-amzn-ErrorType`` so botocore raises the matching exception class.
+Errors carry ``x-amzn-ErrorType`` so botocore raises the matching exception class, and a body
+``{"Type", "Message"}`` spelt as Lambda spells it.
 
 Two paths are the host's own: ``GET /moeless/meter`` (the bill so far) and ``GET /moeless/instances``.
 """
@@ -110,7 +111,7 @@ class _ApiHandler(JsonHandler):
             if exc.status == 413:
                 self.close_connection = True  # the body was not read
             status, headers = exc.status, {"x-amzn-ErrorType": exc.error_type}
-            payload = json.dumps({"Type": "User", "message": str(exc), **exc.extra}).encode()
+            payload = json.dumps({"Type": "User", "Message": str(exc), **exc.extra}).encode()
         self.send_json(status, payload, headers | {"x-amzn-RequestId": request_id})
 
     def _pool(self, name: str) -> Any:
@@ -216,6 +217,8 @@ class _ApiHandler(JsonHandler):
         self, body: bytes, query: dict[str, str], name: str
     ) -> tuple[int, bytes, dict[str, str]]:
         pool = self._pool(name)
+        if "List" in query:  # ListProvisionedConcurrencyConfigs shares the path, with ?List=ALL
+            return self._list_provisioned(pool, name)
         qualifier = self._qualifier(name, query)
         try:
             return 200, json.dumps(pool.provisioned_status(qualifier)).encode(), {}
@@ -225,6 +228,15 @@ class _ApiHandler(JsonHandler):
                 "ProvisionedConcurrencyConfigNotFoundException",
                 f"No Provisioned Concurrency Config found for this function: {function_arn(name, qualifier)}",
             ) from None
+
+    @staticmethod
+    def _list_provisioned(pool: Any, name: str) -> tuple[int, bytes, dict[str, str]]:
+        bare = name.rsplit(":function:", 1)[-1].split(":", 1)[0]
+        configs = [
+            {"FunctionArn": function_arn(bare, qualifier), **pool.provisioned_status(qualifier)}
+            for qualifier in sorted(pool.provisioned)
+        ]
+        return 200, json.dumps({"ProvisionedConcurrencyConfigs": configs}).encode(), {}
 
     def _delete_provisioned(
         self, body: bytes, query: dict[str, str], name: str
