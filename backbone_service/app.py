@@ -30,6 +30,7 @@ from backbone_service.errors import ApiError, install_error_handlers
 from backbone_service.metrics import metrics_text
 from backbone_service.openapi import ERROR_RESPONSES, install_openapi
 from backbone_service.schemas import (
+    DEFAULT_MAX_TOKENS,
     ChatCompletionRequest,
     ChatCompletionResponse,
     CompletionRequest,
@@ -173,14 +174,15 @@ def _check_common(backbone: Backbone, body: CompletionRequest | ChatCompletionRe
     if body.model != backbone.model_name:
         raise ApiError(404, _not_served(backbone, body.model), "model_not_found", "model")
     limit = backbone.config.max_tokens_limit
-    if body.completion_limit > limit:
+    max_tokens = body.completion_limit or min(DEFAULT_MAX_TOKENS, limit)
+    if max_tokens > limit:
         raise ApiError(
             400,
-            f"max_tokens {body.completion_limit} is over this server's limit of {limit}",
+            f"max_tokens {max_tokens} is over this server's limit of {limit}",
             "invalid_value",
             "max_tokens",
         )
-    return SamplingParams(body.completion_limit, body.temperature, body.top_p, body.stops(), body.seed)
+    return SamplingParams(max_tokens, body.temperature, body.top_p, body.stops(), body.seed)
 
 
 def _check_length(backbone: Backbone, ids: list[int], max_tokens: int, param: str) -> None:
@@ -308,6 +310,8 @@ class _Run:
             elif event.kind == "done":
                 reasons[index] = event.finish_reason
                 pending -= 1
+            elif self.backbone.engine.stopping:
+                raise ApiError(503, event.text, "shutting_down")
             else:
                 raise ApiError(500, f"generation failed: {event.text}", "generation_failed")
         return JSONResponse(shape.whole(texts, reasons, self.usage()))

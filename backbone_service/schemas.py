@@ -10,10 +10,19 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 # torch.Generator.manual_seed takes a signed 64-bit seed
 SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+
+DEFAULT_MAX_TOKENS = 16
+
+
+def _must_be_false(name: str, value: bool) -> bool:
+    if value:
+        raise ValueError(f"{name} is not supported")
+    return value
+
 
 NonEmpty = Annotated[str, Field(min_length=1)]
 TokenIds = Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)]
@@ -63,9 +72,16 @@ class CompletionRequest(_Sampling):
         | TokenIds
         | Annotated[list[TokenIds], Field(min_length=1)]
     ) = Field(description="text, a list of texts, a list of token ids, or a list of such lists")
-    max_tokens: int = Field(16, ge=1)
-    echo: Literal[False] = Field(False, description="not supported: must be false")
+    max_tokens: int | None = Field(
+        None, ge=1, description=f"default {DEFAULT_MAX_TOKENS} (or the server's limit)"
+    )
+    echo: bool = Field(False, description="not supported: must be false", json_schema_extra={"enum": [False]})
     logprobs: int | None = Field(None, ge=0, le=0, description="not supported: null or 0")
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        return _must_be_false("echo", value)
 
     def prompts(self) -> list[str | list[int]]:
         """One entry per prompt: its text, or its token ids."""
@@ -77,7 +93,7 @@ class CompletionRequest(_Sampling):
         return list(value)  # type: ignore[arg-type]
 
     @property
-    def completion_limit(self) -> int:
+    def completion_limit(self) -> int | None:
         return self.max_tokens
 
 
@@ -103,12 +119,18 @@ class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, description="deprecated by OpenAI: max_completion_tokens")
     max_completion_tokens: int | None = Field(None, ge=1)
-    logprobs: Literal[False] = Field(False, description="not supported: must be false")
+    logprobs: bool = Field(
+        False, description="not supported: must be false", json_schema_extra={"enum": [False]}
+    )
+
+    @field_validator("logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: bool) -> bool:
+        return _must_be_false("logprobs", value)
 
     @property
-    def completion_limit(self) -> int:
-        limit = self.max_completion_tokens or self.max_tokens
-        return 16 if limit is None else limit
+    def completion_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
 
 
 # --- responses (documentation of /openapi.json; the routes build plain dicts) -----------------

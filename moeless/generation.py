@@ -261,6 +261,11 @@ class GenerationEngine:
         self.stats.inc("requests_cancelled")
         sequence.done.set()
 
+    @property
+    def stopping(self) -> bool:
+        """The engine is stopping: failures from now on are the shutdown's, not the request's."""
+        return self._stopping
+
     def load(self) -> tuple[int, int]:
         """(active, waiting) sequences."""
         with self._cond:
