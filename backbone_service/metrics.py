@@ -39,7 +39,7 @@ class _ServingCollector:
         requests = CounterMetricFamily(
             "moeless_requests", "Completion requests by outcome", labels=["outcome"]
         )
-        for outcome in ("completed", "failed", "rejected", "invalid"):
+        for outcome in ("completed", "failed", "rejected", "invalid", "cancelled"):
             requests.add_metric([outcome], counters.get(f"requests_{outcome}", 0))
         yield requests
         tokens = CounterMetricFamily("moeless_tokens", "Tokens processed", labels=["kind"])

@@ -4,7 +4,7 @@ Context keys (``cdk.json`` holds the defaults; ``moeless deploy`` and ``-c KEY=V
 
     moeless:artifacts              the package folder (output of ``moeless package``); required
     moeless:plan                   plan.json; default: one function per expert
-    moeless:stage                  deployment name; prefixes stacks, functions and S3 keys
+    moeless:stage                  deployment name (letters, digits; no "-"); prefixes stacks, functions, keys
     moeless:expertCode             ``s3``: one image, experts fetched from S3 at init; ``image``:
                                    each function's experts baked into its own image
     moeless:imageTag               deploy images pushed to the Artifacts stack's ECR repositories
@@ -19,7 +19,6 @@ Context keys (``cdk.json`` holds the defaults; ``moeless deploy`` and ``-c KEY=V
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cached_property
@@ -30,12 +29,11 @@ from aws_cdk import Aws
 
 from moeless.contracts.manifest import Manifest, load_manifest
 from moeless.contracts.plan import Plan, plan_for
-from moeless.deployment.stage import StageNames
+from moeless.deployment.stage import StageNameError, StageNames, check_stage
 from moeless.errors import MoelessError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPERT_CODES = ("s3", "image")
-_STAGE = re.compile(r"^[a-z][a-z0-9-]{0,15}$")
 
 
 class DeployConfigError(MoelessError):
@@ -61,10 +59,10 @@ class DeployConfig:
     expert_timeout_s: int = 60
 
     def __post_init__(self) -> None:
-        if not _STAGE.match(self.stage):
-            raise DeployConfigError(
-                f"stage {self.stage!r}: use 1-16 lower-case letters, digits and '-', starting with a letter"
-            )
+        try:
+            check_stage(self.stage)
+        except StageNameError as exc:
+            raise DeployConfigError(str(exc)) from None
         if self.expert_code not in EXPERT_CODES:
             raise DeployConfigError(
                 f"moeless:expertCode must be one of {EXPERT_CODES}, not {self.expert_code!r}"

@@ -15,11 +15,22 @@ if TYPE_CHECKING:
     from moeless.contracts.plan import Plan
     from moeless.deployment.deploy import DeployRequest
 
+
+def _stage(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from moeless.deployment.stage import StageNameError, check_stage
+
+    try:
+        return check_stage(value)
+    except StageNameError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
 stage_option = click.option(
     "--stage",
     default="dev",
     show_default=True,
-    help="Deployment name: prefixes stacks, functions and S3 keys.",
+    callback=_stage,
+    help="Deployment name (lower-case letters and digits, no '-'): prefixes stacks, functions and S3 keys.",
 )
 profile_option = click.option("--profile", help="AWS profile for boto3 and the CDK CLI.")
 cdk_dir_option = click.option(
@@ -120,7 +131,7 @@ def deploy(
         from moeless.deployment.deploy import synthesize
 
         echo_step(f"synthesising stage {request.stage} into {output}...")
-        synthesize(request, output)
+        output = synthesize(request, output)
         templates = sorted(p.name for p in output.glob("*.template.json"))
         click.echo(f"cloud assembly: {output} ({len(templates)} templates: {', '.join(templates)})")
         return

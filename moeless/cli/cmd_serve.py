@@ -60,6 +60,13 @@ if TYPE_CHECKING:
 )
 @click.option("--model-name", help="The `model` clients name [default: the artifacts folder's name].")
 @click.option(
+    "--max-tokens-limit",
+    type=click.IntRange(1),
+    default=1024,
+    show_default=True,
+    help="Largest max_tokens a request may ask for.",
+)
+@click.option(
     "--predictor-trace",
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="A trace of this model (`moeless profile`): pre-warm each request's predicted functions.",
@@ -90,6 +97,7 @@ def serve(
     device: str,
     max_batch: int,
     model_name: str | None,
+    max_tokens_limit: int,
     predictor_trace: Path | None,
     predictor: str,
     replan_interval: float,
@@ -104,8 +112,9 @@ def serve(
 ) -> None:
     """Serve ARTIFACTS behind an OpenAI-style REST endpoint until Ctrl-C or SIGTERM.
 
-    POST /v1/completions, GET /healthz, GET /metrics. With --local the experts run on a local
-    Lambda host (awslambdaric processes) and its bill is printed on shutdown.
+    POST /v1/completions and /v1/chat/completions, GET /v1/models, /healthz, /metrics. With
+    --local the experts run on a local Lambda host (awslambdaric processes) and its bill is printed
+    on shutdown.
     """
     from moeless.serving.backbone import BackboneConfig
 
@@ -119,6 +128,7 @@ def serve(
         device=device,
         model_name=model_name,
         max_batch=max_batch,
+        max_tokens_limit=max_tokens_limit,
         replan_interval_s=replan_interval,
         predictor_trace=predictor_trace,
         predictor=predictor,

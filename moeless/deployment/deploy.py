@@ -70,7 +70,12 @@ def _cdk_json(cdk_dir: Path) -> dict[str, Any]:
 
 
 def synthesize(request: DeployRequest, outdir: Path, runner: Runner = subprocess.run) -> Path:
-    """Synthesise the cloud assembly into ``outdir`` offline (no credentials, no Docker, no CDK CLI)."""
+    """Synthesise the cloud assembly into ``outdir`` offline (no credentials, no Docker, no CDK CLI).
+
+    A relative ``outdir`` is the caller's (the app runs in ``cdk_dir``): it is resolved here, and
+    the absolute folder is returned.
+    """
+    outdir = Path(outdir).resolve()
     context = _cdk_json(request.cdk_dir).get("context", {}) | request.app_context()
     env = os.environ | NODE_ENV | {"CDK_OUTDIR": str(outdir), "CDK_CONTEXT_JSON": json.dumps(context)}
     outdir.mkdir(parents=True, exist_ok=True)

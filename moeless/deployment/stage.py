@@ -3,16 +3,43 @@ emulator mirror: they must agree, since stacks find each other by name, not by e
 
 ``account`` and ``region`` may be CloudFormation pseudo-parameter tokens (the CDK app) or real
 values (an emulator, or after a deploy).
+
+A stage name has no ``-``, and every name below puts a ``-`` (or ``/``) right after the stage:
+so a pattern such as ``moeless-dev-*`` in stage ``dev``'s IAM policies can never match a name of
+another stage (``dev-b`` is refused; ``devb`` gives ``moeless-devb-...``).
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
+
+from moeless.errors import MoelessError
+
+STAGE_PATTERN = re.compile(r"^[a-z][a-z0-9]{0,15}$")
+
+
+class StageNameError(MoelessError):
+    """A stage name that could make one stage's names match another's."""
+
+
+def check_stage(stage: str) -> str:
+    """``stage`` if it is 1-16 lower-case letters and digits starting with a letter, else
+    :class:`StageNameError` (no ``-``: it delimits the stage in every derived name)."""
+    if not STAGE_PATTERN.match(stage):
+        raise StageNameError(
+            f"stage {stage!r}: use 1-16 lower-case letters and digits, starting with a letter "
+            "(no '-': it separates the stage from the names under it)"
+        )
+    return stage
 
 
 @dataclass(frozen=True)
 class StageNames:
     stage: str
+
+    def __post_init__(self) -> None:
+        check_stage(self.stage)
 
     @property
     def stack_prefix(self) -> str:

@@ -1,9 +1,10 @@
 """The caller's side of the local host: Lambda's REST API on 127.0.0.1, as boto3 speaks it.
 
 Implemented operations (paths and shapes from botocore's Lambda service model): Invoke
-(RequestResponse, Event, DryRun; LogType Tail), Put/Get/DeleteProvisionedConcurrencyConfig,
+(RequestResponse, Event, DryRun; LogType Tail), Put/Get/Delete/ListProvisionedConcurrencyConfig(s),
 Put/Get/DeleteFunctionConcurrency, GetFunction, GetFunctionConfiguration, ListFunctions.
-Errors carry ``x-amzn-ErrorType`` so botocore raises the matching exception class.
+Errors carry ``x-amzn-ErrorType`` so botocore raises the matching exception class, and a body
+``{"Type", "Message"}`` spelt as Lambda spells it.
 
 Two paths are the host's own: ``GET /moeless/meter`` (the bill so far) and ``GET /moeless/instances``.
 """
@@ -49,7 +50,7 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
 ]
 
 
-class ApiError(Exception):
+class LambdaApiError(Exception):
     """An AWS-shaped error answer."""
 
     def __init__(self, status: int, error_type: str, message: str, **extra: Any) -> None:
@@ -105,7 +106,7 @@ class _ApiHandler(JsonHandler):
         length = int(self.headers.get("Content-Length") or 0)
         try:
             if length > MAX_REQUEST_BYTES:
-                raise ApiError(
+                raise LambdaApiError(
                     413,
                     "RequestTooLargeException",
                     f"Request must be smaller than {MAX_REQUEST_BYTES} bytes for the Invoke operation",
@@ -119,19 +120,19 @@ class _ApiHandler(JsonHandler):
                     status, payload, headers = getattr(self, f"_{action}")(body, query, **params)
                     break
             else:
-                raise ApiError(404, "UnknownOperationException", f"no operation at {method} {url.path}")
-        except ApiError as exc:
+                raise LambdaApiError(404, "UnknownOperationException", f"no operation at {method} {url.path}")
+        except LambdaApiError as exc:
             if exc.status == 413:
                 self.close_connection = True  # the body was not read
             status, headers = exc.status, {"x-amzn-ErrorType": exc.error_type}
-            payload = json.dumps({"Type": "User", "message": str(exc), **exc.extra}).encode()
+            payload = json.dumps({"Type": "User", "Message": str(exc), **exc.extra}).encode()
         self.send_json(status, payload, headers | {"x-amzn-RequestId": request_id})
 
     def _pool(self, name: str) -> Any:
         try:
             return self.server.host.pool(name)
         except FunctionNotFound:
-            raise ApiError(
+            raise LambdaApiError(
                 404, "ResourceNotFoundException", f"Function not found: {function_arn(name)}"
             ) from None
 
@@ -146,11 +147,13 @@ class _ApiHandler(JsonHandler):
         try:
             value = json.loads(body or b"{}")
         except ValueError:
-            raise ApiError(
+            raise LambdaApiError(
                 400, "InvalidRequestContentException", "could not parse the request body as JSON"
             ) from None
         if not isinstance(value, dict):
-            raise ApiError(400, "InvalidParameterValueException", "the request body must be a JSON object")
+            raise LambdaApiError(
+                400, "InvalidParameterValueException", "the request body must be a JSON object"
+            )
         return value
 
     # --- Invoke ------------------------------------------------------------------------------------
@@ -162,7 +165,7 @@ class _ApiHandler(JsonHandler):
         try:
             json.loads(body or b"null")
         except ValueError:
-            raise ApiError(
+            raise LambdaApiError(
                 400, "InvalidRequestContentException", "Could not parse request body into json"
             ) from None
         version = {"X-Amz-Executed-Version": LATEST if qualifier == LATEST else qualifier}
@@ -172,13 +175,13 @@ class _ApiHandler(JsonHandler):
             threading.Thread(target=self._invoke_quietly, args=(pool, body, qualifier), daemon=True).start()
             return 202, b"", version
         if invocation_type != "RequestResponse":
-            raise ApiError(
+            raise LambdaApiError(
                 400, "InvalidParameterValueException", f"unknown InvocationType {invocation_type!r}"
             )
         try:
             result = pool.invoke(body, qualifier, log_tail=self.headers.get("X-Amz-Log-Type") == "Tail")
         except Throttled as exc:
-            raise ApiError(429, "TooManyRequestsException", str(exc), Reason=exc.reason) from None
+            raise LambdaApiError(429, "TooManyRequestsException", str(exc), Reason=exc.reason) from None
         headers = dict(version)
         payload, function_error = result.body, result.function_error
         if len(payload) > MAX_RESPONSE_BYTES:
@@ -208,35 +211,46 @@ class _ApiHandler(JsonHandler):
         pool = self._pool(name)
         qualifier = self._qualifier(name, query)
         if qualifier == LATEST:
-            raise ApiError(
+            raise LambdaApiError(
                 400,
                 "InvalidParameterValueException",
                 "Provisioned Concurrency Configs cannot be applied to unpublished function versions.",
             )
         count = self._json(body).get("ProvisionedConcurrentExecutions")
         if not isinstance(count, int) or count < 1:
-            raise ApiError(
+            raise LambdaApiError(
                 400, "InvalidParameterValueException", "ProvisionedConcurrentExecutions must be >= 1"
             )
         try:
             status = pool.set_provisioned(qualifier, count)
         except ValueError as exc:
-            raise ApiError(409, "ResourceConflictException", str(exc)) from None
+            raise LambdaApiError(409, "ResourceConflictException", str(exc)) from None
         return 202, json.dumps(status).encode(), {}
 
     def _get_provisioned(
         self, body: bytes, query: dict[str, str], name: str
     ) -> tuple[int, bytes, dict[str, str]]:
         pool = self._pool(name)
+        if "List" in query:  # ListProvisionedConcurrencyConfigs shares the path, with ?List=ALL
+            return self._list_provisioned(pool, name)
         qualifier = self._qualifier(name, query)
         try:
             return 200, json.dumps(pool.provisioned_status(qualifier)).encode(), {}
         except KeyError:
-            raise ApiError(
+            raise LambdaApiError(
                 404,
                 "ProvisionedConcurrencyConfigNotFoundException",
                 f"No Provisioned Concurrency Config found for this function: {function_arn(name, qualifier)}",
             ) from None
+
+    @staticmethod
+    def _list_provisioned(pool: Any, name: str) -> tuple[int, bytes, dict[str, str]]:
+        bare = name.rsplit(":function:", 1)[-1].split(":", 1)[0]
+        configs = [
+            {"FunctionArn": function_arn(bare, qualifier), **pool.provisioned_status(qualifier)}
+            for qualifier in sorted(pool.provisioned)
+        ]
+        return 200, json.dumps({"ProvisionedConcurrencyConfigs": configs}).encode(), {}
 
     def _delete_provisioned(
         self, body: bytes, query: dict[str, str], name: str
@@ -246,7 +260,7 @@ class _ApiHandler(JsonHandler):
         try:
             pool.delete_provisioned(qualifier)
         except KeyError:
-            raise ApiError(
+            raise LambdaApiError(
                 404, "ResourceNotFoundException", f"No Provisioned Concurrency Config for {qualifier}"
             ) from None
         return 204, b"", {}
@@ -257,11 +271,13 @@ class _ApiHandler(JsonHandler):
         pool = self._pool(name)
         count = self._json(body).get("ReservedConcurrentExecutions")
         if not isinstance(count, int) or count < 0:
-            raise ApiError(400, "InvalidParameterValueException", "ReservedConcurrentExecutions must be >= 0")
+            raise LambdaApiError(
+                400, "InvalidParameterValueException", "ReservedConcurrentExecutions must be >= 0"
+            )
         try:
             pool.set_reserved(count)
         except ValueError as exc:
-            raise ApiError(409, "ResourceConflictException", str(exc)) from None
+            raise LambdaApiError(409, "ResourceConflictException", str(exc)) from None
         return 200, json.dumps({"ReservedConcurrentExecutions": count}).encode(), {}
 
     def _get_concurrency(

@@ -2,7 +2,8 @@
 
 An invocation takes an idle instance (the qualifier's provisioned ones first, then on-demand ones);
 when none is idle it starts a new instance and waits for its init (a cold start); it never queues
-behind a busy instance. Reserved concurrency caps the invocations in flight (429 beyond it); the
+behind a busy instance. Reserved concurrency caps the invocations in flight (429 beyond it, checked
+before any instance is picked, so reserved concurrency 0 throttles even a warm function); the
 host caps the instances alive on the machine (the account concurrency limit, locally).
 """
 
@@ -112,11 +113,7 @@ class FunctionPool:
         with self._lock:
             if self.stopping:
                 raise Throttled("ServiceUnavailable", "the local host is shutting down")
-            candidates = [i for i in self.instances if i.qualifier == invocation.qualifier]
-            candidates += [i for i in self.instances if i.qualifier is None]
-            for instance in candidates:
-                if instance.try_reserve() and instance.assign(invocation):
-                    return instance, False
+            # reserved concurrency caps invocations in flight, warm instance or not (0 stops all)
             reserved = self.config.reserved_concurrency
             if reserved is not None and self.in_flight() >= reserved:
                 self._meter.throttle(self.config.name)
@@ -124,6 +121,11 @@ class FunctionPool:
                     "ReservedFunctionConcurrentInvocationLimitExceeded",
                     f"Rate Exceeded: {self.config.name} has reserved concurrency {reserved}",
                 )
+            candidates = [i for i in self.instances if i.qualifier == invocation.qualifier]
+            candidates += [i for i in self.instances if i.qualifier is None]
+            for instance in candidates:
+                if instance.try_reserve() and instance.assign(invocation):
+                    return instance, False
             if not self._make_room():
                 self._meter.throttle(self.config.name)
                 raise Throttled(

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from moeless.model.chat_template import DEFAULT_CHAT_TEMPLATE
+
 TINY_ARCHS = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "phimoe")
 SPECIAL_TOKENS = ("<|endoftext|>", "<|pad|>")
 
@@ -151,5 +153,6 @@ def build_tiny_model(out_dir: Path, spec: TinySpec) -> Path:
         bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False
     )
     model.save_pretrained(out_dir)
+    tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE  # chat completions render like any checkpoint's
     tokenizer.save_pretrained(out_dir)
     return out_dir

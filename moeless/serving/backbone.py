@@ -41,6 +41,9 @@ class BackboneConfig:
         max_batch: sequences per engine step.
         max_waiting: queued requests before 429.
         max_tokens_limit: largest ``max_tokens`` accepted.
+        max_prompts: prompts one completion request may carry (one request must not fill the
+            queue for everyone).
+        max_body_bytes: largest request body read (413 beyond it).
         attempts: invokes tried per expert call before the in-process fallback.
         replan_interval_s: re-provision the functions from observed loads this often (0: never).
         predictor_trace: a trace of this model: Similar-Prompt Search learns from it and pre-warms
@@ -61,6 +64,8 @@ class BackboneConfig:
     max_batch: int = DEFAULT_MAX_BATCH
     max_waiting: int = 256
     max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
+    max_prompts: int = 16
+    max_body_bytes: int = 1024 * 1024
     attempts: int = 3
     replan_interval_s: float = DEFAULT_REPLAN_INTERVAL_S
     predictor_trace: Path | None = None
@@ -122,6 +127,7 @@ class Backbone:
         self.model = load_split_model(artifacts, self.coalescer, self.manifest, device=self.device)
         self.tokenizer = AutoTokenizer.from_pretrained(artifacts / "backbone", local_files_only=True)
         self.max_context = int(getattr(self.model.config, "max_position_embeddings", 4096))
+        self.vocab_size = int(getattr(self.model.config, "vocab_size", None) or len(self.tokenizer))
         self.engine = GenerationEngine(
             self.model,
             self.tokenizer,
@@ -133,8 +139,9 @@ class Backbone:
             prewarm=self.prewarmer,
         )
 
-    def encode(self, prompt: str) -> list[int]:
-        return list(self.tokenizer(prompt, add_special_tokens=True)["input_ids"])
+    def encode(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``prompt``; a chat-templated prompt already holds its special tokens."""
+        return list(self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"])
 
     def _prewarmer(self, config: BackboneConfig) -> PrewarmHook | None:
         if config.predictor_trace is None:

@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Protocol
 
 from moeless.serving.coalesce import StepCoalescer
@@ -93,6 +94,7 @@ class Sequence:
     emitted: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    cancelled: bool = False
     cache: Any = None  # its own KV cache between its prefill and joining the decode batch
     logits: Any = None
     generator: Any = None
@@ -199,6 +201,77 @@ class GenerationEngine:
             self._cond.notify()
         return sequence
 
+    def submit_all(
+        self,
+        requests: list[tuple[list[int], str]],
+        params: SamplingParams,
+        on_event: Callable[[int, Event], None],
+    ) -> list[Sequence]:
+        """Queue the prompts of one request, all or none: when they do not all fit the waiting
+        queue, :class:`Overloaded` is raised and nothing was queued (a refused request leaves
+        nothing running). ``requests`` is ``(prompt_ids, prompt_text)`` per prompt; events go to
+        ``on_event(index, event)``."""
+        import torch
+
+        sequences = [
+            Sequence(list(ids), params, partial(on_event, index), text)
+            for index, (ids, text) in enumerate(requests)
+        ]
+        for sequence in sequences:
+            if params.seed is not None:
+                sequence.generator = torch.Generator().manual_seed(params.seed)
+        with self._cond:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down")
+            if len(self._waiting) + len(sequences) > self.max_waiting:
+                self.stats.inc("requests_rejected")
+                raise Overloaded(
+                    f"{len(self._waiting)} prompts are already waiting (at most {self.max_waiting})"
+                )
+        for sequence in sequences:
+            self.prewarm.before_request(sequence.prompt, sequence.prompt_ids)
+        with self._cond:
+            if self._stopping:
+                raise ShuttingDown("the server is shutting down")
+            self._waiting.extend(sequences)
+            self._cond.notify()
+        return sequences
+
+    def cancel(self, sequences: list[Sequence]) -> None:
+        """Drop requests nobody waits for any more (the client hung up, or the request failed).
+
+        A waiting sequence leaves the queue now; an active one is dropped at the next step
+        boundary, so it costs no further forward and no further expert invoke. Finished ones are
+        left alone. Each dropped sequence counts as ``requests_cancelled``.
+        """
+        with self._cond:
+            for sequence in sequences:
+                if not sequence.done.is_set():
+                    sequence.cancelled = True
+            queued = [s for s in self._waiting if s.cancelled]
+            if queued:
+                self._waiting = deque(s for s in self._waiting if not s.cancelled)
+            for sequence in queued:
+                self._drop(sequence)
+
+    def _drop_cancelled(self) -> None:
+        """At a step boundary (lock held): retire the active sequences that were cancelled."""
+        for sequence in [s for s in self._active if s.cancelled and not s.done.is_set()]:
+            self._drop(sequence)
+        self._active = [s for s in self._active if not s.done.is_set()]
+
+    def _drop(self, sequence: Sequence) -> None:
+        sequence.cache = None
+        sequence.logits = None
+        sequence.finish_reason = "cancelled"
+        self.stats.inc("requests_cancelled")
+        sequence.done.set()
+
+    @property
+    def stopping(self) -> bool:
+        """The engine is stopping: failures from now on are the shutdown's, not the request's."""
+        return self._stopping
+
     def load(self) -> tuple[int, int]:
         """(active, waiting) sequences."""
         with self._cond:
@@ -226,9 +299,12 @@ class GenerationEngine:
                     self._waiting.clear()
                     self._decoding.clear()
                     return
+                self._drop_cancelled()
                 while self._waiting and len(self._active) < self.max_batch:
                     self._active.append(self._waiting.popleft())
                 batch = list(self._active)
+            if not batch:  # every active sequence was cancelled
+                continue
             self._step(batch)
             with self._cond:
                 self._active = [s for s in self._active if not s.done.is_set()]

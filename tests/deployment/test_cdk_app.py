@@ -6,6 +6,7 @@ CLI's) and cdk-nag's AwsSolutions checks on: a synth that succeeds has no unackn
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import os
 import shutil
@@ -172,6 +173,19 @@ class TestBackbone:
         invoke = [s for s in lambda_statements if "lambda:InvokeFunction" in np.atleast_1d(s["Action"])]
         assert all(json.dumps(s["Resource"]).endswith(':live"]]}') for s in invoke)
 
+    def test_no_stage_pattern_matches_another_stages_functions(self, tiny_deploy):
+        # given stage dev's IAM pattern, and the functions of stages whose names start like dev's
+        config, _, _ = tiny_deploy
+        pattern = config.names.function_prefix + "*"
+        others = [
+            replace(config, stage=stage).deployed_plan.functions[0].name for stage in ("devb", "dev0", "d")
+        ]
+        # then the pattern matches dev's own functions and none of the others
+        assert all(fnmatch.fnmatchcase(f.name, pattern) for f in config.deployed_plan.functions)
+        assert not [name for name in others if fnmatch.fnmatchcase(name, pattern)]
+        with pytest.raises(DeployConfigError, match="no '-'"):
+            replace(config, stage="dev-b")
+
 
 class TestApi:
     def test_methods_key_usage_plan_and_logs(self, tiny_deploy):
@@ -291,7 +305,7 @@ class TestConfig:
         assert config.deployed_plan.functions[0].name.startswith("moeless-prod-l")
         assert config.plan.functions[0].provisioned_concurrency == 0
 
-    @pytest.mark.parametrize("stage", ["Prod", "a" * 17, "1st", "x_y"])
+    @pytest.mark.parametrize("stage", ["Prod", "a" * 17, "1st", "x_y", "dev-b"])
     def test_bad_stage_names_are_refused(self, tiny, stage):
         artifacts = tiny.package()
         with pytest.raises(DeployConfigError, match="stage"):

@@ -25,7 +25,7 @@ from moeless.cli.main import cli
 from moeless.contracts.manifest import load_manifest
 from moeless.contracts.plan import one_function_per_expert
 from moeless.deployment.cloud_mirror import mirror_deployment
-from moeless.deployment.deploy import DeployError, DeployRequest, deploy, destroy
+from moeless.deployment.deploy import DeployError, DeployRequest, deploy, destroy, synthesize
 from moeless.errors import ArtifactError
 
 
@@ -229,6 +229,7 @@ def test_cli_synth_only_writes_the_assembly_offline(tiny, tmp_path, monkeypatch)
         monkeypatch.delenv(key, raising=False)
     artifacts = tiny.package()
     planned(artifacts).save(tmp_path / "plan.json")
+    monkeypatch.chdir(tmp_path)  # -o is relative to the caller's folder, as in the README
     out = tmp_path / "assembly"
     result = CliRunner().invoke(
         cli,
@@ -236,12 +237,12 @@ def test_cli_synth_only_writes_the_assembly_offline(tiny, tmp_path, monkeypatch)
             "deploy",
             str(artifacts),
             "--plan",
-            str(tmp_path / "plan.json"),
+            "plan.json",
             "--stage",
             "synth",
             "--synth-only",
             "-o",
-            str(out),
+            "assembly",
         ],
     )
     assert result.exit_code == 0, result.output
@@ -255,12 +256,30 @@ def test_cli_synth_only_writes_the_assembly_offline(tiny, tmp_path, monkeypatch)
     assert memory[-1] == 3008
 
 
+def test_synthesize_writes_a_relative_outdir_under_the_callers_folder(tiny, tmp_path, monkeypatch):
+    seen = {}
+
+    def runner(command, cwd, env, **kwargs):
+        seen["cwd"], seen["outdir"] = Path(cwd), Path(env["CDK_OUTDIR"])
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.chdir(tmp_path)
+    written = synthesize(DeployRequest(tiny.package()), Path("cdk.out"), runner=runner)
+    assert written == seen["outdir"] == tmp_path / "cdk.out"
+    assert seen["outdir"].is_absolute() and seen["cwd"] != tmp_path
+
+
 def test_bad_plan_is_refused_before_any_cloud_call(tiny, tmp_path):
     (tmp_path / "plan.json").write_text('{"schema_version": 1, "policy": "x", "layers": [{"layer": 0}]}')
     result = CliRunner().invoke(
         cli, ["deploy", str(tiny.package()), "--plan", str(tmp_path / "plan.json"), "--synth-only"]
     )
     assert result.exit_code == 1 and "plan is malformed" in result.output
+
+
+def test_a_stage_name_with_a_dash_is_refused(tiny):
+    result = CliRunner().invoke(cli, ["deploy", str(tiny.package()), "--stage", "dev-b", "--synth-only"])
+    assert result.exit_code == 2 and "no '-'" in result.output
 
 
 def test_aws_endpoint_needs_local(tiny):

@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pytest
 
@@ -119,6 +120,40 @@ def test_reserved_concurrency_throttles_with_429():
         assert host.meter.snapshot()["functions"]["probe"]["throttles"] == 1
         client.delete_function_concurrency(FunctionName="probe")
         assert call(client, "probe", {})[1]["pid"]
+
+
+def test_reserved_concurrency_zero_throttles_a_function_with_a_warm_instance():
+    with running(probe()) as (host, client):
+        warm_pid = call(client, "probe", {})[1]["pid"]
+        assert [i["state"] for i in host.describe()["probe"]["instances"]] == ["idle"]
+        client.put_function_concurrency(FunctionName="probe", ReservedConcurrentExecutions=0)
+        for _ in range(3):
+            with pytest.raises(client.exceptions.TooManyRequestsException):
+                call(client, "probe", {})
+        assert host.meter.snapshot()["functions"]["probe"]["throttles"] == 3
+        client.delete_function_concurrency(FunctionName="probe")
+        assert call(client, "probe", {})[1]["pid"] == warm_pid
+
+
+def test_list_provisioned_concurrency_configs_and_lambda_shaped_errors():
+    with running(probe()) as (host, client):
+        assert (
+            client.list_provisioned_concurrency_configs(FunctionName="probe")["ProvisionedConcurrencyConfigs"]
+            == []
+        )
+        client.put_provisioned_concurrency_config(
+            FunctionName="probe", Qualifier="live", ProvisionedConcurrentExecutions=1
+        )
+        (config,) = client.list_provisioned_concurrency_configs(FunctionName="probe")[
+            "ProvisionedConcurrencyConfigs"
+        ]
+        assert config["FunctionArn"].endswith(":function:probe:live")
+        assert config["RequestedProvisionedConcurrentExecutions"] == 1
+        with pytest.raises(client.exceptions.ResourceNotFoundException) as info:
+            client.get_function(FunctionName="missing")
+        assert info.value.response["Error"]["Message"].startswith("Function not found: arn:aws:lambda:")
+        raw = httpx.get(f"{host.endpoint_url}/2015-03-31/functions/missing")
+        assert raw.status_code == 404 and "Message" in raw.json() and "message" not in raw.json()
 
 
 def test_provisioned_instances_are_ready_before_traffic_and_serve_without_init():

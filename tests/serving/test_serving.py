@@ -183,7 +183,7 @@ def test_sampling_with_a_seed_is_reproducible(service):
         (b"[1, 2]", 400, "JSON object"),
         ({"prompt": "hi", "max_tokens": 4}, 400, "model"),
         ({"model": "MODEL", "prompt": 42}, 400, "prompt"),
-        ({"model": "MODEL", "prompt": ""}, 400, "non-empty"),
+        ({"model": "MODEL", "prompt": ""}, 400, "prompt"),
         ({"model": "MODEL", "prompt": "hi", "max_tokens": -1}, 400, "max_tokens"),
         ({"model": "MODEL", "prompt": "hi", "max_tokens": 100000}, 400, "limit"),
         ({"model": "MODEL", "prompt": "hi", "temperature": 5}, 400, "temperature"),
