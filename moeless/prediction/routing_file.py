@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from moeless.prediction.trace import Trace, TraceError, load_trace
+from moeless.prediction.trace import Trace, TraceError, jsonl_rows, load_trace
 
 REQUIRED = ("request", "position", "experts", "weights")
 
@@ -29,18 +29,8 @@ def _stem(path: Path) -> Path:
 
 
 def _read_requests(path: Path) -> list[dict]:
-    try:
-        lines = path.read_text().splitlines()
-    except OSError as exc:
-        raise TraceError(f"cannot read {path}: {exc.strerror}") from None
     rows = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except ValueError:
-            raise TraceError(f"{path}:{number} is not JSON") from None
+    for number, row in jsonl_rows(path):
         if not isinstance(row, dict) or not isinstance(row.get("request"), int):
             raise TraceError(f'{path}:{number} has no integer "request"')
         if not isinstance(row.get("prompt"), str) or not row["prompt"]:

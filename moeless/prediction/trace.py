@@ -19,6 +19,7 @@ it to the loads JSON of docs/design.md.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,20 +39,26 @@ class TraceError(MoelessError):
     """A trace or prompt file is missing or malformed."""
 
 
-def read_prompts(path: Path, limit: int | None = None) -> list[str]:
-    """Prompts from a JSONL file with a ``prompt`` field per line."""
-    prompts = []
+def jsonl_rows(path: Path, what: str = "") -> Iterator[tuple[int, Any]]:
+    """(line number, parsed value) of each non-blank line of a JSONL file; :class:`TraceError` names
+    the file (``what`` says what it holds) or the line that is not JSON."""
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as exc:
-        raise TraceError(f"cannot read prompts {path}: {exc.strerror}") from None
+        raise TraceError(f"cannot read {what}{path}: {exc.strerror}") from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            row = json.loads(line)
+            yield number, json.loads(line)
         except ValueError:
             raise TraceError(f"{path}:{number} is not JSON") from None
+
+
+def read_prompts(path: Path, limit: int | None = None) -> list[str]:
+    """Prompts from a JSONL file with a ``prompt`` field per line."""
+    prompts = []
+    for number, row in jsonl_rows(path, "prompts "):
         if not isinstance(row, dict) or not isinstance(row.get("prompt"), str) or not row["prompt"]:
             raise TraceError(f'{path}:{number} has no "prompt" string')
         prompts.append(row["prompt"])
