@@ -72,6 +72,11 @@ def eval_routing(
         f"{method}, distance {distance}: {result['train_requests']} train / {result['test_requests']} "
         f"test requests ({result['split']}), {result['test_tokens']} test tokens"
     )
+    echo_metrics(result)
+
+
+def echo_metrics(result: dict) -> None:
+    """The per-layer and mean metrics of a predictor evaluation, as a table."""
     click.echo(f"{'layer':>5} {'hit rate':>9} {'set recall':>10} {'load acc':>9} {'ms p50':>8} {'ms p99':>8}")
     for row in [*result["layers"], {"layer": "mean", **result["mean"]}]:
         click.echo(

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from moeless.cli.cmd_predict_routing import eval_routing
+from moeless.cli.cmd_predict_routing import echo_metrics, eval_routing
 from moeless.cli.options import quiet_option
 
 
@@ -119,12 +119,7 @@ def evaluate(
         f"{method}, distance {distance}: {result['train_requests']} train / {result['test_requests']} "
         f"test requests"
     )
-    click.echo(f"{'layer':>5} {'hit rate':>9} {'set recall':>10} {'load acc':>9} {'ms p50':>8} {'ms p99':>8}")
-    for row in [*result["layers"], {"layer": "mean", **result["mean"]}]:
-        click.echo(
-            f"{row['layer']:>5} {row['hit_rate']:9.3f} {row['set_recall']:10.3f} {row['load_accuracy']:9.3f} "
-            f"{row['latency_ms_p50']:8.4f} {row['latency_ms_p99']:8.4f}"
-        )
+    echo_metrics(result)
 
 
 predict.add_command(eval_routing)
