@@ -185,21 +185,7 @@ class GenerationEngine:
         prompt: str = "",
     ) -> Sequence:
         """Queue a request; its events go to ``on_event`` (from the engine thread)."""
-        import torch
-
-        sequence = Sequence(list(prompt_ids), params, on_event, prompt)
-        self.prewarm.before_request(prompt, sequence.prompt_ids)
-        if params.seed is not None:
-            sequence.generator = torch.Generator().manual_seed(params.seed)
-        with self._cond:
-            if self._stopping:
-                raise ShuttingDown("the server is shutting down")
-            if len(self._waiting) >= self.max_waiting:
-                self.stats.inc("requests_rejected")
-                raise Overloaded(f"{len(self._waiting)} requests are already waiting")
-            self._waiting.append(sequence)
-            self._cond.notify()
-        return sequence
+        return self.submit_all([(prompt_ids, prompt)], params, lambda _index, event: on_event(event))[0]
 
     def submit_all(
         self,
