@@ -31,3 +31,11 @@ class LambdaHostError(MoelessError):
 
 class SimulationError(MoelessError):
     """A simulation asked of something it cannot replay (a malformed arrival spec, an unknown policy)."""
+
+
+class ModelShapeError(MoelessError):
+    """A model name or config.json that gives no whole-model shape (unknown, not an MoE, a key missing)."""
+
+
+class CatalogueError(MoelessError):
+    """An instance catalogue is malformed, or no fleet of it holds what is asked."""
