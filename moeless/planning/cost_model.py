@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 from moeless.aws_prices import PRICES, LambdaPrices, billed_ms, gb_seconds, vcpus_for_memory
 from moeless.errors import PlanError
+from moeless.planning.instances import CATALOGUE, Instance
 
 # Lambda memory sizes the planner chooses from: 1..6 full vCPUs (1,769 MB per vCPU).
 MEMORY_OPTIONS_MB = (1769, 3538, 5307, 7076, 8845, 10240)
@@ -33,21 +34,6 @@ class ExpertShape:
     hidden: int
     intermediate: int
     weight_bytes: float
-
-
-@dataclass(frozen=True)
-class GpuInstance:
-    name: str
-    hourly_usd: float
-    gpu_memory_gb: float
-
-
-# On-demand Linux prices, us-east-1, read 2026-11 from aws.amazon.com/ec2/pricing/on-demand (re-check).
-GPU_INSTANCES = {
-    "g6.xlarge": GpuInstance("g6.xlarge", 0.8048, 24.0),
-    "g5.xlarge": GpuInstance("g5.xlarge", 1.006, 24.0),
-    "p4d.24xlarge": GpuInstance("p4d.24xlarge", 32.7726, 320.0),
-}
 
 
 @dataclass(frozen=True)
@@ -69,7 +55,7 @@ class CostModel:
     runtime_overhead_mb: int = 400
     # in-process expert time on the backbone's GPU relative to one Lambda vCPU: an assumption
     gpu_speedup: float = 50.0
-    gpu: GpuInstance = field(default_factory=lambda: GPU_INSTANCES["g5.xlarge"])
+    gpu: Instance = field(default_factory=lambda: CATALOGUE["g5.xlarge"])  # the backbone's GPU
     prices: LambdaPrices = PRICES
     aws: bool = True
 
@@ -129,8 +115,8 @@ class CostModel:
             "(docs/design.md: 1-10 s for ML images; per-MB session init from benchmarks/invoke_overhead.py)",
             "Lambda: 1,769 MB = 1 vCPU, up to 6 vCPUs at 10,240 MB (docs/design.md)",
             f"prices: {self.prices.source}",
-            f"backbone GPU: {self.gpu.name} ${self.gpu.hourly_usd}/h, {self.gpu.gpu_memory_gb} GB "
-            "(aws.amazon.com/ec2/pricing/on-demand, us-east-1, read 2026-11)",
+            f"backbone GPU: {self.gpu.name} ({self.gpu.gpus}x {self.gpu.gpu}), ${self.gpu.hourly_usd}/h, "
+            f"{self.gpu.gpu_memory_gb:g} GB ({self.gpu.source})",
             f"in-process expert on the GPU: {self.gpu_speedup}x one vCPU (assumption)",
         ]
 
