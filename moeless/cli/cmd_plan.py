@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from moeless.cli.options import model_option
 from moeless.contracts.environment import ALIAS
 from moeless.contracts.plan import Placement, Policy
 
@@ -36,6 +37,7 @@ from moeless.contracts.plan import Placement, Policy
     type=click.Path(exists=True, file_okay=False, path_type=Path),
     help="The package: expert sizes and layer numbers come from its manifest.",
 )
+@model_option
 @click.option(
     "--previous",
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
@@ -68,6 +70,7 @@ def plan(
     memory_gb: float | None,
     slo_ms: float | None,
     artifacts: Path | None,
+    model_spec: str | None,
     previous: Path | None,
     top_k: int | None,
     batch_tokens: int,
@@ -86,7 +89,7 @@ def plan(
     loads = load_loads(loads_path)
     manifest = load_manifest(artifacts) if artifacts else None
     k = top_k or loads.top_k or (manifest.top_k if manifest else 2)
-    shape, shape_source = expert_shape(loads, manifest)
+    shape, shape_source = expert_shape(loads, manifest, model=model_spec)
     request = PlanRequest(
         policy,
         workers,

@@ -14,6 +14,14 @@ plan_option = click.option(
     help="plan.json from `moeless plan` [default: one function per expert].",
 )
 
+model_option = click.option(
+    "--model",
+    "model_spec",
+    metavar="NAME|CONFIG",
+    help="The model's shape: a preset (mixtral-8x7b, gpt-oss-120b, deepseek-v3...), a Hugging Face id "
+    "of one, or a config.json [default: the model the loads name].",
+)
+
 
 def echo_step(message: str, quiet: bool = False) -> None:
     """A progress message, to stderr so stdout stays the command's result."""

@@ -521,7 +521,7 @@ _PRESET_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
 PRESETS: dict[str, ModelShape] = {
     key: replace(
         shape_from_hf_config(config, key),
-        source=f"config.json of {repo} (huggingface.co/{repo}; totals checked against the published figure)",
+        source=f"huggingface.co/{repo} config.json, totals checked against the published figures",
     )
     for key, (repo, config) in _PRESET_CONFIGS.items()
 }

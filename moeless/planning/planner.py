@@ -34,6 +34,7 @@ from moeless.contracts.plan import (
     function_name,
 )
 from moeless.errors import PlanError
+from moeless.model.shapes import shape_for_loads
 from moeless.planning.cost_model import CostModel, ExpertShape
 from moeless.planning.placement import (
     Assignment,
@@ -48,14 +49,8 @@ from moeless.planning.placement import (
 from moeless.planning.remoe import Workload, lpt, solve
 
 POLICIES = tuple(Policy)
-# Expert FFN shapes of the models behind ../shared/data/routing (their config.json), for loads
-# without artifacts: (hidden, intermediate); weights fp32.
-KNOWN_SHAPES = {
-    "allenai/OLMoE-1B-7B-0924": (2048, 1024),
-    "mistralai/Mixtral-8x7B-v0.1": (4096, 14336),
-    "google/switch-base-128": (768, 3072),
-}
-DEFAULT_SHAPE = (4096, 14336)
+# The shape make_plan gives loads built in code that name no model: Mixtral-8x7B's expert, fp32.
+LIBRARY_SHAPE = ExpertShape(4096, 14336, 3.0 * 4096 * 14336 * 4)
 
 
 @dataclass
@@ -75,24 +70,44 @@ class PlanRequest:
 
 
 def expert_shape(
-    loads: Loads, manifest: Manifest | None, hidden: int | None = None, intermediate: int | None = None
+    loads: Loads,
+    manifest: Manifest | None,
+    hidden: int | None = None,
+    intermediate: int | None = None,
+    model: str | None = None,
 ) -> tuple[ExpertShape, str]:
-    """The experts' size: from the artifacts, else the loads' model, else Mixtral-8x7B's; with its source."""
+    """The experts' size (fp32 weights, as packaged) with its source: from the artifacts, else
+    ``hidden`` and ``intermediate`` when both are given, else ``model`` (a ``--model`` value) or the
+    model the loads name (:func:`moeless.model.shapes.shape_for_loads`), either size overriding its.
+
+    Raises:
+        ModelShapeError: no shape can be had: pass ``--model`` (never a silent default).
+    """
     if manifest is not None:
         h, i = manifest.hidden_size, manifest.intermediate_size
         size = float(np.mean([e.bytes for e in manifest.experts]))
         return ExpertShape(hidden or h, intermediate or i, size), "artifacts manifest"
-    model_name = str(loads.meta.get("model", ""))
-    h, i = KNOWN_SHAPES.get(model_name, DEFAULT_SHAPE)
-    source = f"{model_name} config" if model_name in KNOWN_SHAPES else "default (Mixtral-8x7B expert)"
-    h, i = hidden or h, intermediate or i
-    return ExpertShape(h, i, 3.0 * h * i * 4), source
+    if hidden and intermediate and not model:  # both sizes given: no model needed
+        return ExpertShape(hidden, intermediate, 3.0 * hidden * intermediate * 4), "given sizes"
+    whole = shape_for_loads(loads.meta, model)
+    if hidden or intermediate:
+        whole = replace(
+            whole,
+            hidden=hidden or whole.hidden,
+            expert_intermediate=intermediate or whole.expert_intermediate,
+        )
+    return ExpertShape(whole.hidden, whole.expert_intermediate, whole.expert_bytes("fp32")), whole.source
 
 
 def make_plan(
     loads: Loads, request: PlanRequest, manifest: Manifest | None = None, shape: ExpertShape | None = None
 ) -> Plan:
-    """Plan every layer of ``loads`` with ``request.policy``."""
+    """Plan every layer of ``loads`` with ``request.policy``.
+
+    ``shape`` defaults to :func:`expert_shape` of the loads (an unknown model is an error); loads that
+    name no model at all, built in code, are planned with :data:`LIBRARY_SHAPE` (the CLI never does
+    that: it asks for ``--model``).
+    """
     if request.policy not in POLICIES:
         raise PlanError(f"unknown policy {request.policy!r}; choose one of {', '.join(POLICIES)}")
     if manifest is not None and manifest.num_experts != loads.num_experts:
@@ -104,7 +119,9 @@ def make_plan(
     if request.policy == Policy.STATIC and not request.workers:
         raise PlanError("the static policy lays experts over expert-parallel workers: give --workers W")
     layers = _layers(loads, manifest)
-    shape = shape or expert_shape(loads, manifest)[0]
+    if shape is None:
+        headerless = manifest is None and not loads.meta.get("model")
+        shape = LIBRARY_SHAPE if headerless else expert_shape(loads, manifest)[0]
     started = time.perf_counter()
     if request.policy == Policy.REMOE:
         plan = _remoe(layers, request, shape)

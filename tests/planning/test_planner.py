@@ -205,3 +205,28 @@ def test_plans_round_trip_through_the_schema():
         assert plan_from_dict(json.loads(json.dumps(plan.to_dict()))).to_dict() == json.loads(
             json.dumps(plan.to_dict())
         )
+
+
+def test_expert_shape_comes_from_the_named_model_or_asks_for_model(tmp_path):
+    from click.testing import CliRunner
+
+    from moeless.cli.main import cli
+    from moeless.errors import ModelShapeError
+    from moeless.planning.planner import expert_shape
+
+    layers = {0: np.array([4.0, 3, 2, 1])}
+    shape, source = expert_shape(Loads(layers, {"model": "openai/gpt-oss-20b"}), None)
+    assert (shape.hidden, shape.intermediate) == (2880, 2880) and "gpt-oss-20b" in source
+    assert shape.weight_bytes == 4 * (3 * 2880 * 2880 + 3 * 2880)  # fp32, with the experts' biases
+    unknown = Loads(layers, {"model": "someone/new-moe", "top_k": 2})
+    with pytest.raises(ModelShapeError, match="pass --model"):
+        expert_shape(unknown, None)
+    assert expert_shape(unknown, None, model="olmoe-1b-7b")[0].intermediate == 1024
+    # GIVEN the same loads on disk, THEN `moeless plan` refuses them until --model names the shape
+    (tmp_path / "loads.json").write_text(json.dumps(unknown.to_dict()))
+    args = ["plan", "--loads", str(tmp_path / "loads.json"), "--policy", "moeless", "-o", str(tmp_path / "p")]
+    refused = CliRunner().invoke(cli, args)
+    assert refused.exit_code == 1 and "pass --model" in refused.output
+    planned = CliRunner().invoke(cli, [*args, "--model", "mistralai/Mixtral-8x7B-v0.1"])
+    assert planned.exit_code == 0, planned.output
+    assert "4096 x 14336" in planned.output
