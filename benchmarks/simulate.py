@@ -1,88 +1,149 @@
-"""The simulator on real data: which policy pays off, at a low, a medium and a bursty rate.
+"""The whole-model study: cost per 1k requests and p99 TTFT/TPOT of each policy against the request
+rate, for whole models on real arrivals, against the serverful fleet that holds each model.
 
 Usage:
-    .venv/bin/python benchmarks/simulate.py [--duration 300]
+    .venv/bin/python benchmarks/simulate.py                       # the README's study
+    .venv/bin/python benchmarks/simulate.py --models mixtral-8x7b --rates 0.1,1 --quick
 
-Two workloads, both with Mixtral-8x7B-sized experts (4096 x 14336, 705 MB fp32):
-  * trace: the trained tiny MoE's routing of 800 real prompts (benchmarks/predictors.py's cached
-    trace; its 4 layers' recorded routing replayed);
-  * routing: Mixtral-8x7B's own routing statistics on C4 (../shared/data/routing/mistral_c4.json,
-    layers 0/7/15), tokens sampled from them, 128 prompt + 64 output tokens per request.
-Rates: poisson 0.2/s (low), poisson 2/s (medium), bursty 1/s mean with 1.8x peaks in 60 s cycles.
-Policies: static (4 always-on g5.xlarge GPU workers), static-replicated (the same fleet with
-load-aware replication, 1.25E slots), moeless (that replication on functions), remoe
-(backbone-resident vs functions, 12 GB), oracle (moeless's plan with every replica warm). The
-serverless policies pre-warm from their predictors; with --replan S they also re-plan every S
-seconds from the loads they saw.
+Models and the routing they replay (every MoE layer; layers the data does not record copy the
+nearest recorded one, see each report.md):
+  * mixtral-8x7b: Mixtral-8x7B's own routing on C4 (../shared/data/routing/mistral_c4.json);
+  * gpt-oss-120b: gpt-oss-20b's recorded routing of all 24 layers (gptoss20b_decode.loads.json),
+    each layer's skew carried from 32 onto 128 experts (the family's router, not 120b's own);
+  * deepseek-v3: OLMoE's routing on C4 (olmoe_c4.json), carried from 64 onto 256 experts (an
+    assumption: no DeepSeek routing is at hand).
+Arrivals: the Azure 2023 conversation trace (../shared/data/arrivals/azure2023_conv.csv, 1,155
+prompt / 211 output tokens on average), its timestamps rescaled to each rate (burst shape kept),
+cut to max(300 s, 40 / rate) so the slowest rates still see 40 requests. Policies: static (the
+cheapest fleet that holds the model), moeless, remoe, oracle, as `moeless simulate` runs them with
+its defaults (continuous batching up to 16 sequences, fp32 experts, native GPU dtype).
+
+Each (model, rate) writes OUT/MODEL/RATE/{report.md,results.csv} and is skipped when present, so an
+interrupted study resumes. It ends with OUT/study.csv, OUT/cost_vs_rate.png, and a Markdown table
+per model with the crossover rate where the fleet becomes cheaper than moeless.
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
+import subprocess
+import sys
 from pathlib import Path
 
-import numpy as np
-
-from moeless.contracts.loads import load_loads
-from moeless.planning.cost_model import CostModel, ExpertShape
-from moeless.prediction.trace import load_trace
-from moeless.simulation.simulator import (
-    POLICIES,
-    arrivals,
-    requests_from_trace,
-    sample_requests,
-    simulate_policy,
-)
-
 REPO = Path(__file__).resolve().parent.parent
-ROUTING = REPO.parent / "shared" / "data" / "routing" / "mistral_c4.json"
-RATES = {"low": "poisson:0.2", "medium": "poisson:2", "bursty": "bursty:1:1.8:60"}
-MIXTRAL = ExpertShape(4096, 14336, 3 * 4096 * 14336 * 4)
-WORKERS = 4
+ROUTING = REPO.parent / "shared" / "data" / "routing"
+ARRIVALS = REPO.parent / "shared" / "data" / "arrivals" / "azure2023_conv.csv"
+MODELS = {
+    "mixtral-8x7b": (ROUTING / "mistral_c4.json", False),
+    "gpt-oss-120b": (ROUTING / "gptoss20b_decode.loads.json", True),
+    "deepseek-v3": (ROUTING / "olmoe_c4.json", True),
+}
+RATES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+POLICIES = ("static", "moeless", "remoe", "oracle")
 
 
-def workloads(duration: float, seed: int):
-    traces = sorted((REPO / ".moeless" / "bench").glob("trace-trained-mixtral-*-800"))
-    for rate_name, process in RATES.items():
-        if traces:
-            trace = load_trace(traces[-1])
-            times = arrivals(process, duration, np.random.default_rng(seed))
-            yield (
-                "trace",
-                rate_name,
-                trace.loads(),
-                int(trace.meta["top_k"]),
-                requests_from_trace(trace, times),
-            )
-        if ROUTING.is_file():
-            loads = load_loads(ROUTING)
-            rng = np.random.default_rng(seed)
-            times = arrivals(process, duration, rng)
-            yield "routing", rate_name, loads, 2, sample_requests(loads, times, 2, 128, 64, rng)
+def duration_for(rate: float, quick: bool) -> float:
+    return max(120.0 if quick else 300.0, (10 if quick else 40) / rate)
+
+
+def run_one(model: str, rate: float, out: Path, quick: bool) -> Path:
+    """One `moeless simulate` run (its own process, as a user runs it); returns its results.csv."""
+    loads, resample = MODELS[model]
+    folder = out / model / f"{rate:g}"
+    results = folder / "results.csv"
+    if results.is_file():
+        return results
+    command = [
+        sys.executable, "-m", "moeless.cli.main", "simulate", "--loads", str(loads), "--model", model,
+        "--arrivals", str(ARRIVALS), "--rate", str(rate), "--duration", str(duration_for(rate, quick)),
+        "--policies", ",".join(POLICIES), "--no-plots", "-o", str(folder),
+    ]  # fmt: skip
+    if resample:
+        command.append("--resample-experts")
+    print(f"== {model} at {rate:g} requests/s", flush=True)
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return results
+
+
+def crossover(rates: list[float], ours: list[float], fleet: list[float]) -> str:
+    from moeless.simulation.policies import crossover_rate
+
+    rate = crossover_rate(rates, ours, fleet)
+    return "never in this range" if rate is None else f"{rate:.3g}/s"
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--duration", type=float, default=300.0)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--replan", type=float, default=None, help="re-plan interval in seconds [never]")
-    args = parser.parse_args()
-    model = CostModel()
-    print(
-        f"{'workload':<8} {'rate':<7} {'policy':<17} | {'requests':>8} | {'$ / 1k req':>10} | "
-        f"{'MoE layer p50 / p99 ms':>22} | {'request p99 s':>13} | {'cold':>5}"
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    for source, rate, loads, top_k, replay in workloads(args.duration, args.seed):
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--rates", default=",".join(f"{r:g}" for r in RATES))
+    parser.add_argument("--quick", action="store_true", help="Shorter runs (120 s, 10 requests at least).")
+    parser.add_argument("-o", "--output", type=Path, default=REPO / ".moeless" / "bench" / "study")
+    args = parser.parse_args()
+    if not ARRIVALS.is_file():
+        sys.exit(f"needs {ARRIVALS} (the project's shared data)")
+    models = [m for m in args.models.split(",") if m]
+    rates = sorted(float(r) for r in args.rates.split(",") if r)
+    rows = []
+    for model in models:
+        for rate in rates:
+            for row in csv.DictReader(run_one(model, rate, args.output, args.quick).open()):
+                rows.append({"model": model, "rate": rate} | row)
+    with open(args.output / "study.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    plot(rows, models, args.output / "cost_vs_rate.png")
+    for model in models:
+        print(f"\n### {model}\n")
+        mine = [r for r in rows if r["model"] == model]
+        first = mine[0]
+        print(f"fleet {first['fleet']}; backbone {next(r['backbone'] for r in mine if r['backbone'])}\n")
+        print(
+            "| rate /s | policy | $ per 1k requests | vs static | TTFT p99 ms | TPOT p99 ms | cold starts |"
+        )
+        print("|---:|---|---:|---:|---:|---:|---:|")
+        series: dict[str, list[float]] = {}
+        for rate in rates:
+            at = {r["policy"]: r for r in mine if r["rate"] == rate}
+            static = float(at["static"]["usd_per_1k_requests"])
+            for policy, r in at.items():
+                usd = float(r["usd_per_1k_requests"])
+                series.setdefault(policy, []).append(usd)
+                print(
+                    f"| {rate:g} | {policy} | {usd:.4g} | {usd / static:.2f}x | "
+                    f"{float(r['ttft_ms_p99']):.0f} | {float(r['tpot_ms_p99']):.0f} | {r['cold_starts']} |"
+                )
+        if "moeless" in series and len(series["moeless"]) == len(rates):
+            cross = crossover(rates, series["moeless"], series["static"])
+            print(f"\nthe fleet is cheaper than moeless from {cross}")
+    print(f"\n{args.output / 'study.csv'}, {args.output / 'cost_vs_rate.png'}")
+
+
+def plot(rows: list[dict], models: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(models), figsize=(5 * len(models), 4), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
         for policy in POLICIES:
-            s = simulate_policy(
-                policy, loads, top_k, MIXTRAL, WORKERS, replay, args.duration, model, replan_s=args.replan
-            ).summary()
-            print(
-                f"{source:<8} {rate:<7} {policy:<17} | {s['requests']:>8} | "
-                f"{s['usd_per_1k_requests']:10.3f} | "
-                f"{s['moe_layer_ms_p50']:9.1f} / {s['moe_layer_ms_p99']:9.1f} | "
-                f"{s['request_ms_p99'] / 1e3:13.1f} | {s['cold_starts']:>5}"
+            points = sorted(
+                (r["rate"], float(r["usd_per_1k_requests"]))
+                for r in rows
+                if r["model"] == model and r["policy"] == policy
             )
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=policy)
+        ax.set(xscale="log", yscale="log", title=model, xlabel="requests / s", ylabel="$ per 1k requests")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 if __name__ == "__main__":

@@ -100,28 +100,31 @@ def predicted_vs_actual(trace_dir: Path) -> tuple[str, list[tuple[int, list[int]
 
 
 def simulate_policies(trace_dir: Path, out: Path) -> tuple[list[dict[str, Any]], list[Path]]:
-    """Every policy on :data:`SIMULATED_S` s of :data:`ARRIVAL` traffic replayed from the trace:
-    each policy's summary row and the plots written to ``out``."""
+    """Every policy on :data:`SIMULATED_S` s of :data:`ARRIVAL` traffic replayed from the trace,
+    on the traced model's whole shape (its config.json): each policy's summary row and the plots
+    written to ``out``."""
     import numpy as np
 
+    from moeless.model.shapes import resolve_model
     from moeless.prediction.trace import load_trace
-    from moeless.simulation.simulator import arrivals, requests_from_trace
+    from moeless.simulation.arrivals import arrival_times
+    from moeless.simulation.policies import Deployment, requests_replaying
+    from moeless.simulation.routing import RecordedRouting
     from moeless.simulation.study import run_study
 
     trace = load_trace(trace_dir)
-    times = arrivals(ARRIVAL, SIMULATED_S, np.random.default_rng(0))
-    replay = requests_from_trace(trace, times)
+    shape = resolve_model(str(Path(trace.meta["model"]) / "config.json"))
+    routing = RecordedRouting.from_trace(trace, list(shape.moe_layers), shape.num_layers)
+    replay = requests_replaying(arrival_times(ARRIVAL, SIMULATED_S, np.random.default_rng(0)), routing)
     describe = [f"- requests: {len(replay)} ({ARRIVAL} for {SIMULATED_S:.0f} s), replayed from {trace_dir}"]
-    policies = ["static", "moeless", "remoe"]
     results, plots = run_study(
-        trace.loads(),
-        int(trace.meta["top_k"]),
+        Deployment.choose(shape),
+        routing,
         replay,
-        policies,
+        ["static", "moeless", "remoe"],
         SIMULATED_S,
         out,
         describe,
-        WORKERS,
         progress=False,
     )
     return [r.summary() for r in results], plots
@@ -171,16 +174,21 @@ def demo_report(
         )
     lines += [f"  layer {layer}: {' '.join(items)}" for layer, items in sorted(by_layer.items())]
     lines += ["", "## The local Lambda host's bill", format_bill(bill, max_rows=5)]
-    lines += ["", "## Simulated cost and latency (vs serverful expert parallelism, `static`)"]
     base = next(r for r in rows if r["policy"] == Policy.STATIC)
+    lines += [
+        "",
+        f"## Simulated cost and latency, whole model (vs the serverful fleet `static`: {base['fleet']})",
+    ]
     lines.append(
-        f"  {'policy':<8} {'$ per 1k req':>12} {'vs static':>9} {'p50 ms':>8} {'p99 ms':>8} {'cold':>5}"
+        f"  {'policy':<8} {'$ per 1k req':>12} {'vs static':>9} {'TTFT p99':>9} {'TPOT p99':>9} "
+        f"{'p99 ms':>8} {'cold':>5}  on"
     )
     for r in rows:
         ratio = r["usd_per_1k_requests"] / base["usd_per_1k_requests"] if base["usd_per_1k_requests"] else 0.0
         lines.append(
-            f"  {r['policy']:<8} {r['usd_per_1k_requests']:>12.4f} {ratio:>8.2f}x "
-            f"{r['request_ms_p50']:>8.0f} {r['request_ms_p99']:>8.0f} {r['cold_starts']:>5}"
+            f"  {r['policy']:<8} {r['usd_per_1k_requests']:>12.4f} {ratio:>8.2f}x {r['ttft_ms_p99']:>9.0f} "
+            f"{r['tpot_ms_p99']:>9.1f} {r['request_ms_p99']:>8.0f} {r['cold_starts']:>5}  "
+            f"{r['fleet'] or r['backbone']}"
         )
     lines.append("  plots: " + ", ".join(str(p) for p in plots))
     lines.append("  (constants, their sources and the experts' assumed size: report.md beside the plots)")

@@ -28,6 +28,28 @@ MEMORY_OPTIONS_MB = (1769, 3538, 5307, 7076, 8845, 10240)
 
 
 @dataclass(frozen=True)
+class ExpertDtype:
+    """How an exported expert's dtype changes a function: bytes per parameter in its ONNX file (cold
+    start, payload of the image), in memory once loaded (the memory-bound time and the function's
+    size), and its CPU speed relative to fp32."""
+
+    file_bytes: float
+    memory_bytes: float
+    compute_speedup: float
+
+
+# benchmarks/expert_runtime.py (README, 2 cores, onnxruntime): fp16 stores half-size weights but
+# computes in fp32 on CPU (24.3 vs 21.8 ms at 1 token, 132.8 vs 140.8 ms at 64); int8 (dynamic
+# quantisation, per-channel) runs 4.2x faster than fp32 (33.5 vs 140.8 ms at 64 tokens, 235 vs 996
+# at 512) at a quarter of the bytes.
+EXPERT_DTYPES = {
+    "fp32": ExpertDtype(4.0, 4.0, 1.0),
+    "fp16": ExpertDtype(2.0, 4.0, 1.0),
+    "int8": ExpertDtype(1.0, 1.0, 4.2),
+}
+
+
+@dataclass(frozen=True)
 class ExpertShape:
     """One routed expert's sizes: what its compute time, memory and cold start follow from."""
 
@@ -46,6 +68,12 @@ class CostModel:
     # AWS: an assumption for an in-region synchronous invoke of a warm function (re-check on a deployment)
     invoke_overhead_ms_local: float = 2.7
     invoke_overhead_ms_aws: float = 15.0
+    # payload transfer, per MB of base64 request + reply: local from benchmarks/invoke_overhead.py
+    # (boto3 overhead 2.36 ms at 1 x 1024, 6.14 at 64 x 1024 (0.70 MB both ways); 2.3 at 1 x 4096,
+    # 17.6 at 64 x 4096 (2.8 MB): 5.4-5.5 ms per MB); AWS an assumption (~100 MB/s each way for a
+    # synchronous invoke in-region, re-check on a deployment)
+    invoke_ms_per_mb_local: float = 5.5
+    invoke_ms_per_mb_aws: float = 10.0
     # cold start = process start + session init; local process start measured 125-143 ms and session init
     # ~6.9 ms per MB of ONNX (4,896 ms for 705 MB) by benchmarks/invoke_overhead.py; AWS container images
     # take 1-10 s (docs/design.md): 1 s base is the optimistic end
@@ -62,6 +90,12 @@ class CostModel:
     @property
     def invoke_overhead_ms(self) -> float:
         return self.invoke_overhead_ms_aws if self.aws else self.invoke_overhead_ms_local
+
+    def invoke_ms(self, tokens: int, hidden: int) -> float:
+        """Overhead and payload transfer of one invoke carrying ``tokens`` float32 rows both ways."""
+        megabytes = 2 * tokens * 4 * -(-hidden * 4 // 3) / 1e6
+        per_mb = self.invoke_ms_per_mb_aws if self.aws else self.invoke_ms_per_mb_local
+        return self.invoke_overhead_ms + per_mb * megabytes
 
     def expert_ms(
         self, tokens: float, hidden: int, intermediate: int, vcpus: float, weight_bytes: float

@@ -1,22 +1,19 @@
-"""Replaying traffic through a plan: the event simulator, the study that compares policies,
-and its plots."""
+"""Replaying traffic through a plan on the whole model: arrivals, step routing, the batched
+event simulator, the policies and their deployment, the study that compares them, its report
+and plots."""
 
-from moeless.simulation.simulator import (
-    Request,
-    Simulator,
-    arrivals,
-    requests_from_trace,
-    sample_requests,
-    simulate_policy,
-)
+from moeless.simulation.arrivals import Arrivals, read_arrivals
+from moeless.simulation.policies import Deployment, simulate_policy
+from moeless.simulation.simulator import PolicyResult, Request, Simulator
 from moeless.simulation.study import run_study
 
 __all__ = [
+    "Arrivals",
+    "Deployment",
+    "PolicyResult",
     "Request",
     "Simulator",
-    "arrivals",
-    "requests_from_trace",
+    "read_arrivals",
     "run_study",
-    "sample_requests",
     "simulate_policy",
 ]

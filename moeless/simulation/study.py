@@ -5,61 +5,67 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from moeless.contracts.loads import Loads
-from moeless.simulation.simulator import PolicyResult, PrewarmModel, Request, simulate_policy
+from moeless.errors import SimulationError
+from moeless.simulation.policies import Deployment, simulate_policy
+from moeless.simulation.routing import StepRouting
+from moeless.simulation.simulator import PolicyResult, PrewarmModel, Request
 
 
 def run_study(
-    loads: Loads,
-    top_k: int,
+    deployment: Deployment,
+    routing: StepRouting,
     replay: list[Request],
     policies: list[str],
     duration_s: float,
     out_dir: Path,
     describe: list[str],
-    workers: int = 4,
-    hidden: int | None = None,
-    intermediate: int | None = None,
+    *,
     replan_s: float | None = None,
     predictors: bool = True,
     progress: bool = True,
     prewarm: dict[str, PrewarmModel] | None = None,
+    seed: int = 0,
+    plots: bool = True,
 ) -> tuple[list[PolicyResult], list[Path]]:
     """Simulate ``policies`` on ``replay``; returns the results and the plot files written.
+
+    A policy that cannot plan this deployment (Remoe with no memory left on the backbone, say) is
+    left out of the tables and named in the report, rather than failing the study.
 
     Args:
         describe: report header lines saying where the requests came from.
         prewarm: policy -> its predictor's measured pre-warming model (default ``PREDICTORS``).
     """
-    from moeless.planning.cost_model import CostModel
-    from moeless.planning.planner import expert_shape
     from moeless.simulation.plots import write_plots
-    from moeless.simulation.simulator import write_report
+    from moeless.simulation.report import write_report
 
-    shape, source = expert_shape(loads, None, hidden, intermediate)
-    model = CostModel()
-    results = [
-        simulate_policy(
-            name,
-            loads,
-            top_k,
-            shape,
-            workers,
-            replay,
-            duration_s,
-            model,
-            progress,
-            replan_s,
-            predictors,
-            prewarm,
-        )
-        for name in policies
-    ]
+    results, skipped = [], []
+    for name in policies:
+        try:
+            results.append(
+                simulate_policy(
+                    name,
+                    deployment,
+                    routing,
+                    replay,
+                    duration_s,
+                    progress=progress,
+                    replan_s=replan_s,
+                    predictors=predictors,
+                    prewarm=prewarm,
+                    seed=seed,
+                    timeline=plots,
+                )
+            )
+        except SimulationError as exc:
+            skipped.append(f"- left out: {exc}")
+    if not results:
+        raise SimulationError("no policy could be simulated:\n" + "\n".join(skipped))
     header = [
         *describe,
-        f"- experts: {loads.num_experts} per layer, top-{top_k}, "
-        f"{shape.hidden} x {shape.intermediate} ({source})",
-        f"- policies: {', '.join(policies)}; workers {workers}; re-planning "
+        *deployment.describe(),
+        f"- routing: {routing.describe()}",
+        f"- policies: {', '.join(r.policy for r in results)}; re-planning "
         + (f"every {replan_s:.0f} s" if replan_s else "off")
         + ("; moeless and remoe pre-warm from their predictors" if predictors else "; predictors off"),
         *(
@@ -67,6 +73,9 @@ def run_study(
             for name, m in (prewarm or {}).items()
             if predictors
         ),
+        *skipped,
     ]
-    write_report(results, out_dir, header, model.sources())
+    write_report(results, out_dir, header, deployment.sources())
+    if not plots:
+        return results, []
     return results, write_plots(results, out_dir, bin_s=max(1.0, duration_s / 30))

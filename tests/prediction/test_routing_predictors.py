@@ -253,7 +253,8 @@ def test_gpt_oss_routing_reads_and_the_table_beats_the_prior():
 
 
 def test_simulator_prewarming_takes_a_measured_accuracy(tmp_path):
-    from moeless.simulation.simulator import PREDICTORS, PrewarmModel
+    from moeless.simulation.policies import PREDICTORS
+    from moeless.simulation.simulator import PrewarmModel
 
     # given the JSON of a load-level and of a token-level evaluation
     kernel = {"method": "kernel", "mean": {"hit_rate": 0.3, "set_recall": 0.71, "load_accuracy": 0.8}}
@@ -263,11 +264,21 @@ def test_simulator_prewarming_takes_a_measured_accuracy(tmp_path):
     with pytest.raises(ValueError, match="unknown predictor method"):
         PrewarmModel.from_eval({"method": "magic", "mean": {}})
     # when the simulate command is given one, the report says which accuracy it used
-    loads = {"layers": [{"layer": 0, "counts": [5, 3, 1, 1]}, {"layer": 1, "counts": [1, 1, 4, 4]}]}
+    loads = {
+        "layers": [{"layer": 0, "counts": [5, 3, 1, 1, 1, 1, 2, 0]}, {"layer": 1, "counts": [1, 1, 4, 4] * 2}]
+    }
     (tmp_path / "loads.json").write_text(json.dumps(loads | {"top_k": 2}))
     (tmp_path / "eval.json").write_text(json.dumps(kernel))
-    common = ["simulate", "--loads", str(tmp_path / "loads.json"), "--duration", "3", "--hidden", "64"]
-    common += ["--intermediate", "128", "--prompt-tokens", "4", "--output-tokens", "2", "--policies", "remoe"]
+    common = [
+        "simulate",
+        "--loads",
+        str(tmp_path / "loads.json"),
+        "--duration",
+        "3",
+        "--model",
+        "mixtral-8x7b",
+    ]
+    common += ["--prompt-tokens", "4", "--output-tokens", "2", "--policies", "remoe", "--no-plots"]
     runner = CliRunner()
     result = runner.invoke(
         cli, [*common, "--prewarm-eval", f"remoe={tmp_path / 'eval.json'}", "-o", str(tmp_path / "r")]

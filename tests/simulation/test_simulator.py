@@ -1,276 +1,317 @@
-"""The simulator: every token served once, a cost computed by hand, the oracle as a bound."""
+"""The whole-model simulator: a batched step checked by hand, every token served once, cost that
+scales with the layers, the oracle as a bound, pre-warming, re-planning, and the command."""
 
 from __future__ import annotations
 
+import csv
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from moeless.contracts.loads import Loads
-from moeless.errors import SimulationError
+from moeless.contracts.plan import ExpertPlacement, FunctionSpec, Plan
+from moeless.model.shapes import ModelShape
 from moeless.planning.cost_model import CostModel, ExpertShape
-from moeless.planning.planner import PlanRequest, make_plan
-from moeless.planning.remoe import Workload
-from moeless.simulation.simulator import Request, Simulator, arrivals, sample_requests
+from moeless.simulation.roofline import Hardware, Roofline
+from moeless.simulation.routing import RecordedRouting, SampledRouting
+from moeless.simulation.simulator import GpuModel, PrewarmModel, Request, Simulator
 
 SIZE = ExpertShape(1024, 2816, 3 * 1024 * 2816 * 4)
-LOADS = Loads(
-    {0: np.array([50.0, 30, 10, 5, 3, 1, 1, 0]), 1: np.array([5.0, 5, 20, 20, 20, 10, 10, 10])}, {"top_k": 2}
+SHARES = {0: [50.0, 30, 10, 5, 3, 1, 1, 0], 1: [5.0, 5, 20, 20, 20, 10, 10, 10]}
+# a GPU whose dense part takes exactly 0.5 ms per layer (1 GB over 2 blocks at 1 TB/s, nothing else)
+GPU = GpuModel(blocks=2, dense_bytes=1e9, dense_params=0, kv_bytes_per_token=0, attention_flops=0,
+               expert_bytes=SIZE.weight_bytes / 2, expert_params=3 * 1024 * 2816)  # fmt: skip
+HARDWARE = Hardware("1x test", 3.6, Roofline(1000, 1000, 1.0, 1.0, 0.0))
+
+
+def toy_shape(layers: int) -> ModelShape:
+    return ModelShape(
+        name="toy", num_layers=layers, moe_layers=tuple(range(layers)), num_experts=8, top_k=2,
+        hidden=1024, expert_intermediate=2816, shared_experts=0, shared_intermediate=0,
+        dense_params=1e8, kv_bytes_per_token=1024, attention_flops_per_token_per_context=0,
+        native_dtype="bf16", source="test",
+    )  # fmt: skip
+
+
+def sampled(layers: int = 2) -> SampledRouting:
+    loads = Loads({i: np.array(SHARES[i % 2]) for i in range(layers)}, {"top_k": 2})
+    return SampledRouting.from_loads(loads, 2, list(range(layers)), layers)
+
+
+def one_function_each(layers: int = 2, experts: int = 8, provisioned: int = 0) -> Plan:
+    placements, functions = [], []
+    for layer in range(layers):
+        for expert in range(experts):
+            name = f"f-{layer}-{expert}"
+            placements.append(ExpertPlacement(layer, expert, function=name, memory_mb=1769))
+            functions.append(FunctionSpec(name, [(layer, expert)], 1769, provisioned))
+    return Plan("moeless", placements, functions)
+
+
+def poisson(rate: float = 4.0, duration: float = 10.0, seed: int = 0, prompt: int = 24, output: int = 8):
+    rng = np.random.default_rng(seed)
+    times = np.sort(rng.uniform(0, duration, rng.poisson(rate * duration)))
+    return [Request(float(t), prompt, output, n) for n, t in enumerate(times)]
+
+
+def test_a_batched_step_matches_a_hand_computation():
+    # two requests of 2 prompt tokens and 2 outputs, both at t = 0: step 1 prefills both, step 2
+    # decodes both; one invoke per needed expert per layer per step, whatever the sequences
+    prefill = [
+        np.array([[[0, 1], [2, 3]], [[0, 1], [2, 3]]]),  # request 0: tokens x layers x k
+        np.array([[[0, 2], [4, 5]], [[0, 2], [4, 5]]]),
+    ]
+    decode = [np.array([[[0, 1], [2, 3]]]), np.array([[[0, 1], [6, 7]]])]
+    routing = RecordedRouting(decode, prefill, 8, 2, [0, 1], [0, 1], "", "hand-made")
+    model = CostModel()
+    requests = [Request(0.0, 2, 2, 0), Request(0.0, 2, 2, 1)]
+    sim = Simulator(one_function_each(), routing, SIZE, model, GPU, HARDWARE, oracle=True, max_batch=2)
+    result = sim.run(requests, duration_s=1.0)
+
+    def invoke(tokens: int) -> float:
+        compute = model.expert_ms(tokens, 1024, 2816, 1, SIZE.weight_bytes)
+        return model.invoke_ms(tokens, 1024) + compute
+
+    # step 1: layer 0 sends 4, 2, 2 tokens to experts 0, 1, 2; layer 1 two tokens to each of 2..5
+    step1 = [invoke(4), invoke(2)]
+    # step 2: layer 0 sends 2 tokens to experts 0 and 1; layer 1 one token to each of 2, 3, 6, 7
+    step2 = [invoke(2), invoke(1)]
+    assert result.invokes == 3 + 4 + 2 + 4
+    assert result.steps == 2
+    assert result.layer_latency_ms == pytest.approx(step1 + step2)
+    first = sum(step1) + 2 * 0.5
+    assert result.ttft_ms == pytest.approx([first, first])
+    assert result.tpot_ms == pytest.approx([sum(step2) + 1.0] * 2)
+    assert result.tokens_served[(0, 0)] == 6 and result.tokens_served[(1, 2)] == 3
+
+
+def test_every_token_is_served_exactly_once_and_the_batch_is_bounded():
+    replay = poisson()
+    for max_batch in (1, 4, 16):
+        sim = Simulator(one_function_each(), sampled(), SIZE, CostModel(), GPU, HARDWARE, max_batch=max_batch)
+        result = sim.run(replay, 10.0)
+        tokens = sum(result.tokens_served.values())
+        assert tokens == len(replay) * (24 + 7) * 2 * 2  # prompt + 7 decode tokens, 2 layers, top-2
+        assert result.completed == len(replay) == len(result.ttft_ms) == len(result.request_latency_ms)
+        assert result.steps >= len(replay) * 8 / max_batch
+
+
+def test_cost_scales_with_the_layers_simulated():
+    replay = poisson(rate=2.0)
+    summaries = {}
+    for layers in (2, 4):
+        sim = Simulator(
+            one_function_each(layers), sampled(layers), SIZE, CostModel(), GPU, HARDWARE, oracle=True
+        )
+        summaries[layers] = sim.run(replay, 10.0)
+    two, four = summaries[2], summaries[4]
+    assert (two.layers_simulated, four.layers_simulated) == (2, 4)
+    lambda_usd = {n: r.usd["requests"] + r.usd["duration"] for n, r in summaries.items()}
+    assert lambda_usd[4] / lambda_usd[2] == pytest.approx(2.0, rel=0.1)
+    assert four.invokes / two.invokes == pytest.approx(2.0, rel=0.1)
+
+
+def test_the_oracle_is_never_slower_and_a_cold_function_costs_its_init():
+    replay = poisson()
+    plan = one_function_each()
+    real = Simulator(plan, sampled(), SIZE, CostModel(), GPU, HARDWARE).run(replay, 10.0)
+    bound = Simulator(plan, sampled(), SIZE, CostModel(), GPU, HARDWARE, oracle=True).run(replay, 10.0)
+    assert real.cold_starts > 0 and bound.cold_starts == 0
+    assert np.percentile(bound.request_latency_ms, 99) <= np.percentile(real.request_latency_ms, 99)
+    assert real.usd["duration"] > bound.usd["duration"]
+    warm = Simulator(one_function_each(provisioned=1), sampled(), SIZE, CostModel(), GPU, HARDWARE)
+    provisioned = warm.run(replay[:1], 10.0)
+    assert provisioned.cold_starts == 0
+    assert provisioned.usd["provisioned"] == pytest.approx(
+        16 * CostModel().provisioned_usd_per_s(1769, 1) * 10.0, rel=0.05
+    )
+
+
+def test_a_serverful_fleet_runs_the_experts_on_its_gpus():
+    replay = poisson()
+    result = Simulator(
+        Plan("static", [], []), sampled(), SIZE, CostModel(), GPU, HARDWARE, serverful=True
+    ).run(replay, 10.0)
+    assert result.invokes == 0 and result.cold_starts == 0
+    span = max(10.0, max(r.arrival_s for r in replay) + max(result.request_latency_ms) / 1e3)
+    assert result.usd["gpu"] == pytest.approx(3.6 / 3600 * span, rel=0.01)
+    assert result.fleet == "1x test" and result.backbone == ""
+
+
+def test_prewarming_from_a_predictor_takes_cold_starts_off_the_path():
+    spaced = [Request(float(t), 4, 2, n) for n, t in enumerate(range(0, 900, 60))]  # past idle time-out
+    plan = one_function_each()
+
+    def run(prewarm: PrewarmModel | None):
+        sim = Simulator(plan, sampled(), SIZE, CostModel(), GPU, HARDWARE, prewarm=prewarm, idle_timeout_s=30)
+        return sim.run(spaced, 900.0)
+
+    without, ahead, layer, never = (
+        run(None),
+        run(PrewarmModel(1.0, "request")),
+        run(PrewarmModel(1.0, "layer")),
+        run(PrewarmModel(0.0, "request")),
+    )
+    assert without.cold_starts > 0 and ahead.prewarms > 0
+    assert ahead.cold_starts < without.cold_starts
+    assert layer.cold_starts < without.cold_starts
+    assert never.cold_starts == without.cold_starts and never.prewarms == 0
+
+
+def test_replanning_switches_plans_and_integrates_provisioned_cost():
+    seen: list[Loads] = []
+
+    def replan(window: Loads) -> Plan:
+        seen.append(window)
+        return one_function_each(provisioned=1)
+
+    model = CostModel()
+    sim = Simulator(one_function_each(), sampled(), SIZE, model, GPU, HARDWARE, replan=replan, replan_s=5.0)
+    result = sim.run(poisson(duration=10.0), 10.0)
+    assert result.replans >= 1 and seen and sorted(seen[0].layers) == [0, 1]
+    assert 0 < result.usd["provisioned"] < 16 * model.provisioned_usd_per_s(1769, 1) * 10.0
+
+
+def test_the_simulation_is_deterministic_for_a_seed():
+    def once(seed: int) -> dict:
+        sim = Simulator(one_function_each(), sampled(), SIZE, CostModel(), GPU, HARDWARE, seed=seed)
+        summary = sim.run(poisson(seed=3), 10.0).summary()
+        return {k: v for k, v in summary.items() if isinstance(v, int | float)}
+
+    assert once(1) == once(1)
+    assert once(1) != once(2)
+
+
+def test_layer_map_copies_the_nearest_recorded_layer():
+    from moeless.simulation.routing import layer_map
+
+    assert layer_map([0, 1, 2], 3, [0, 1, 2], 3) == [0, 1, 2]
+    chosen = layer_map([0, 7, 15], 32, list(range(32)), 32)
+    assert chosen[0] == 0 and chosen[7] == 1 and chosen[15] == 2 and chosen[31] == 2
+    assert chosen[3] == 0 and chosen[4] == 1  # by relative depth, (l + 0.5) / 32
+    routing = sampled(2)
+    whole = SampledRouting.from_loads(
+        Loads({0: np.ones(8), 7: np.arange(8.0)}, {"top_k": 2, "num_model_layers": 8}), 2, list(range(8)), 8
+    )
+    assert "1-3 <- recorded 0" in whole.describe() and "4-6 <- recorded 7" in whole.describe()
+    assert routing.describe().endswith("all 2 MoE layers recorded")
+
+
+def test_sampled_counts_pick_distinct_experts_and_keep_the_shares():
+    from moeless.simulation.routing import sample_counts
+
+    rng = np.random.default_rng(0)
+    p = np.array([[0.5, 0.3, 0.2, 0.0]])
+    small = sample_counts(p, 10, 2, rng)
+    assert small.sum() == 20 and small[0, 3] == 0 and small.max() <= 10  # distinct: at most one per token
+    large = sample_counts(p, 10_000, 2, rng)
+    assert large.sum() == 20_000
+    assert large[0] / large.sum() == pytest.approx(p[0], abs=0.01)
+
+
+def test_trace_replay_keeps_the_recorded_routing(tiny, tmp_path):
+    from moeless.prediction.trace import load_trace, profile
+
+    profile(tiny.model("mixtral"), ["hello world", "MoE"], tmp_path / "t", max_new_tokens=3, progress=False)
+    trace = load_trace(tmp_path / "t")
+    routing = RecordedRouting.from_trace(trace)
+    first = trace.request == np.unique(trace.request)[0]
+    prefill_rows = int((first & (trace.phase == 0)).sum())
+    counts = routing.prefill(0, prefill_rows, np.random.default_rng(0))
+    expected = np.bincount(trace.experts[0][first & (trace.phase == 0)].ravel(), minlength=trace.num_experts)
+    assert counts[0].tolist() == expected.tolist()
+    assert routing.loads().layers[trace.layers[0]].sum() == trace.experts[0].size
+
+
+SHARED_ROUTING = (
+    Path(__file__).resolve().parents[2].parent / "shared" / "data" / "routing" / "gptoss20b_decode.npz"
 )
 
 
-def requests(rate: float = 4.0, duration: float = 10.0, seed: int = 0) -> list[Request]:
-    rng = np.random.default_rng(seed)
-    return sample_requests(LOADS, arrivals(f"poisson:{rate}", duration, rng), 2, 24, 8, rng)
+@pytest.mark.skipif(
+    not SHARED_ROUTING.exists(), reason="needs ../shared/data/routing (the project's shared data)"
+)
+def test_a_per_token_routing_file_replays_every_layer_as_recorded():
+    from moeless.prediction.routing_file import load_routing
+
+    trace = load_routing(SHARED_ROUTING)
+    routing = RecordedRouting.from_trace(trace, list(range(24)), 24)
+    assert routing.layers == list(range(24)) and routing.describe().endswith("all 24 MoE layers recorded")
+    counts = routing.decode([0, 1], [0, 0], np.random.default_rng(0))
+    assert counts.shape == (24, 32) and (counts.sum(axis=1) == 8).all()
+    rows = np.flatnonzero(trace.request == 0)[:1]
+    assert set(np.flatnonzero(counts[5])) >= set(trace.experts[5][rows].ravel().tolist())
 
 
-def plan(policy: str, **options):
-    return make_plan(LOADS, PlanRequest(policy, workload=Workload(top_k=2), **options))
+def test_simulate_command_writes_the_report_with_the_contract_columns(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from moeless.cli.main import cli
+    from moeless.simulation.report import COLUMNS
+
+    loads = tmp_path / "loads.json"
+    layers = [{"layer": layer, "counts": counts} for layer, counts in SHARES.items()]
+    loads.write_text(json.dumps({"model": "mistralai/Mixtral-8x7B-v0.1", "top_k": 2, "num_model_layers": 32,
+                                 "layers": layers}))  # fmt: skip
+    arrivals = tmp_path / "arrivals.csv"
+    arrivals.write_text("timestamp_s,input_tokens,output_tokens\n0,40,3\n0.5,10,4\n2.0,25,2\n4.0,5,1\n")
+    out = tmp_path / "sim"
+    result = CliRunner().invoke(
+        cli,
+        ["simulate", "--loads", str(loads), "--arrivals", str(arrivals), "--rate", "2", "--duration", "30",
+         "--policies", "static,moeless,oracle", "--no-plots", "-o", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert [r["policy"] for r in rows] == ["static", "moeless", "oracle"]
+    assert set(COLUMNS) <= set(rows[0])
+    assert all(r["layers_simulated"] == "32" and r["requests"] == "4" for r in rows)
+    assert rows[0]["fleet"] and not rows[0]["backbone"] and rows[1]["backbone"]
+    report = (out / "report.md").read_text()
+    assert "unrecorded layers copy the nearest recorded one" in report and "timestamps scaled" in report
+    assert all(math.isfinite(float(r["usd_per_1k_requests"])) for r in rows)
 
 
-def test_every_token_is_served_exactly_once():
-    replay = requests()
-    routed: dict[tuple[int, int], int] = {}
-    for request in replay:
-        for step in request.steps:
-            for index, routing in enumerate(step):
-                for expert, tokens in routing.items():
-                    routed[(index, expert)] = routed.get((index, expert), 0) + tokens
-    for policy, options in (
-        ("static", {"workers": 4}),
-        ("moeless", {"workers": 4, "slots": 12}),
-        ("remoe", {}),
-    ):
-        result = Simulator(plan(policy, **options), [0, 1], SIZE, CostModel()).run(replay, 10.0)
-        assert result.tokens_served == routed, policy
-        assert len(result.request_latency_ms) == len(replay)
-        assert len(result.layer_latency_ms) == sum(len(r.steps) * 2 for r in replay)
-
-
-def test_cost_of_one_cold_invoke_matches_a_hand_computation():
-    model = CostModel()
-    one = make_plan(Loads({0: np.array([1.0, 0])}), PlanRequest("moeless", workload=Workload(top_k=1)))
-    for spec in one.functions:
-        spec.provisioned_concurrency = 0
-    request = Request(0.0, [[{0: 5}]])
-    result = Simulator(one, [0], SIZE, model, backbone_ms_per_layer=0.0).run([request], duration_s=1.0)
-    memory = one.functions[0].memory_mb
-    compute = model.expert_ms(5, SIZE.hidden, SIZE.intermediate, model.vcpus(memory), SIZE.weight_bytes)
-    cold = model.cold_start_ms(SIZE.weight_bytes)
-    assert result.cold_starts == 1 and result.invokes == 1
-    assert result.usd["requests"] == pytest.approx(0.20 / 1e6)
-    assert result.usd["duration"] == pytest.approx(
-        math.ceil(compute + cold) / 1000 * memory / 1024 * 0.0000166667
-    )
-    latency = cold + model.invoke_overhead_ms + compute
-    assert result.layer_latency_ms == [pytest.approx(latency)]
-    span = max(1.0, latency / 1000)
-    assert result.usd["gpu"] == pytest.approx(model.gpu.hourly_usd / 3600 * span)
-    assert result.usd["provisioned"] == 0
-
-
-def test_oracle_is_never_slower_at_equal_capacity():
-    replay = requests(rate=8.0)
-    for options in ({"workers": 4, "slots": 12}, {}):
-        same = plan("moeless", **options)
-        real = Simulator(same, [0, 1], SIZE, CostModel()).run(replay, 10.0).summary()
-        bound = Simulator(same, [0, 1], SIZE, CostModel(), oracle=True).run(replay, 10.0).summary()
-        for key in ("moe_layer_ms_p50", "moe_layer_ms_p99", "request_ms_p99"):
-            assert bound[key] <= real[key] + 1e-9, key
-        assert bound["cold_starts"] == 0
-
-
-def test_a_busy_worker_queues_and_warm_instances_are_reused():
-    static = plan("static", workers=1)
-    burst = [Request(0.0, [[{0: 4}, {2: 4}]]), Request(0.0, [[{0: 4}, {2: 4}]])]
-    result = Simulator(static, [0, 1], SIZE, CostModel()).run(burst, 1.0)
-    first, second = result.layer_latency_ms[0], result.layer_latency_ms[1]
-    assert second == pytest.approx(2 * first)  # the second waits for the first on the only worker
-    serverless = one_function_per_expert_plan()
-    later = [
-        Request(0.0, [[{0: 4}, {2: 4}]]),
-        Request(60.0, [[{0: 4}, {2: 4}]]),
-        Request(1000.0, [[{0: 4}, {2: 4}]]),
-    ]
-    warm = Simulator(serverless, [0, 1], SIZE, CostModel(), idle_timeout_s=300).run(later, 1000.0)
-    assert warm.cold_starts == 4  # 2 for the first request, none at 60 s, 2 again after the idle timeout
-
-
-def one_function_per_expert_plan():
-    from moeless.contracts.plan import ExpertPlacement, FunctionSpec, Plan, function_name
-
-    experts = [
-        ExpertPlacement(layer, e, function=function_name(layer, e)) for layer in (0, 1) for e in range(8)
-    ]
-    functions = [FunctionSpec(p.function, [(p.layer, p.expert)]) for p in experts]
-    return Plan("one-function-per-expert", experts, functions)
-
-
-def test_arrival_processes():
-    rng = np.random.default_rng(0)
-    steady = arrivals("poisson:10", 100.0, rng)
-    assert 800 < len(steady) < 1200 and np.all(np.diff(steady) >= 0)
-    bursty = arrivals("bursty:10:1.8:20", 100.0, rng)
-    assert 800 < len(bursty) < 1200
-    first_halves = sum(1 for t in bursty if (t % 20) < 10)
-    assert first_halves > 0.8 * len(bursty)
-    with pytest.raises(SimulationError, match="poisson:RATE"):
-        arrivals("uniform:3", 1.0, rng)
-
-
-def test_recorded_arrival_timestamps(tmp_path):
-    (tmp_path / "arrivals.txt").write_text("100.5\n100.0\n107.25\n200\n")
-    times = arrivals(f"timestamps:{tmp_path / 'arrivals.txt'}", 50.0, np.random.default_rng(0))
-    assert list(times) == [0.0, 0.5, 7.25]
-    with pytest.raises(SimulationError, match="timestamps"):
-        arrivals(f"timestamps:{tmp_path / 'missing.txt'}", 1.0, np.random.default_rng(0))
-
-
-def test_simulate_command_writes_the_report(tmp_path):
+def test_simulate_refuses_an_unknown_model_and_a_mismatched_one(tmp_path):
     import json
 
     from click.testing import CliRunner
 
     from moeless.cli.main import cli
 
-    (tmp_path / "loads.json").write_text(json.dumps(LOADS.to_dict()))
-    result = CliRunner().invoke(
-        cli,
-        [
-            "simulate",
-            "--loads",
-            str(tmp_path / "loads.json"),
-            "--arrival",
-            "poisson:2",
-            "--duration",
-            "5",
-            "--hidden",
-            "256",
-            "--intermediate",
-            "512",
-            "--prompt-tokens",
-            "8",
-            "--output-tokens",
-            "4",
-            "-o",
-            str(tmp_path / "r"),
-        ],
+    loads = tmp_path / "loads.json"
+    layers = [{"layer": layer, "counts": counts} for layer, counts in SHARES.items()]
+    loads.write_text(json.dumps({"model": "someone/unknown-moe", "top_k": 2, "layers": layers}))
+    unknown = CliRunner().invoke(cli, ["simulate", "--loads", str(loads), "-o", str(tmp_path / "o")])
+    assert unknown.exit_code != 0 and "--model" in unknown.output
+    mismatch = CliRunner().invoke(
+        cli, ["simulate", "--loads", str(loads), "--model", "deepseek-v3", "-o", str(tmp_path / "o")]
     )
-    assert result.exit_code == 0, result.output
-    report = (tmp_path / "r" / "report.md").read_text()
-    for policy in ("static", "static-replicated", "moeless", "remoe", "oracle"):
-        assert f"| {policy} |" in report
-    assert "Constants and their sources" in report
-    assert (tmp_path / "r" / "results.csv").read_text().count("\n") == 6
-    assert (tmp_path / "r" / "latency_cdf.png").is_file() and (tmp_path / "r" / "concurrency.png").is_file()
-    bad = CliRunner().invoke(
-        cli,
-        [
-            "simulate",
-            "--loads",
-            str(tmp_path / "loads.json"),
-            "--arrival",
-            "zipf:1",
-            "-o",
-            str(tmp_path / "x"),
-        ],
+    assert mismatch.exit_code != 0 and "experts per layer" in mismatch.output
+
+
+def test_resampled_shares_keep_the_skew_on_another_expert_count():
+    from moeless.simulation.routing import resampled_shares
+
+    counts = np.array([60.0, 20, 10, 5, 3, 1, 1, 0])
+    more = resampled_shares(counts, 32, np.random.default_rng(0))
+    assert len(more) == 32 and more.sum() == pytest.approx(1.0) and (more >= 0).all()
+    top_quarter = np.sort(more)[::-1][:8].sum()
+    assert top_quarter == pytest.approx(0.8)  # the top 2 of 8 held 80%: so do the top 8 of 32
+    assert resampled_shares(counts, 8, np.random.default_rng(1)).tolist() != counts.tolist()
+
+
+def test_an_overloaded_policy_stops_at_the_horizon_and_says_so():
+    flood = [Request(0.0, 4, 500, n) for n in range(40)]  # 40 x 500 tokens, 2 at a time
+    sim = Simulator(
+        one_function_each(), sampled(), SIZE, CostModel(), GPU, HARDWARE, oracle=True, max_batch=2
     )
-    assert bad.exit_code == 2 and "poisson:RATE" in bad.output
-
-
-def test_trace_replay_keeps_the_recorded_routing(tiny, tmp_path):
-    from moeless.prediction.trace import load_trace, profile
-    from moeless.simulation.simulator import requests_from_trace
-
-    profile(tiny.model("mixtral"), ["hello world", "MoE"], tmp_path / "t", max_new_tokens=3, progress=False)
-    trace = load_trace(tmp_path / "t")
-    replay = requests_from_trace(trace, np.array([0.0, 1.0, 2.0]))
-    assert len(replay) == 3 and replay[2].steps == replay[0].steps  # cycled
-    first = trace.prompts[0]
-    assert len(replay[0].steps) == 1 + first["generated_tokens"]
-    assert sum(replay[0].steps[0][0].values()) == first["prompt_tokens"] * 2
-
-
-def test_plot_series_and_files(tmp_path):
-    from moeless.simulation.plots import concurrency_over_time, load_cv_over_time, write_plots
-    from moeless.simulation.simulator import PolicyResult
-
-    result = PolicyResult("p", duration_s=20.0, requests=1, request_latency_ms=[5.0], usd={"gpu": 1.0})
-    result.busy = [(0.0, 5.0), (2.5, 7.5)]  # 10 instance-seconds in the first 10 s bin
-    result.pieces = [(1.0, "a", 6), (2.0, "b", 2), (15.0, "a", 4), (16.0, "b", 4)]
-    times, busy = concurrency_over_time(result, 10.0)
-    assert list(times[:2]) == [0.0, 10.0] and busy[0] == pytest.approx(1.0) and busy[1] == 0
-    _, cv = load_cv_over_time(result, 10.0)
-    assert cv[0] == pytest.approx(0.5) and cv[1] == pytest.approx(0.0)
-    names = [p.name for p in write_plots([result], tmp_path)]
-    assert names == ["latency_cdf.png", "cost_breakdown.png", "load_cv.png", "concurrency.png"]
-    assert all((tmp_path / n).stat().st_size > 1000 for n in names)
-
-
-def test_simulation_is_deterministic_for_a_seed_and_serverful_replication_balances_workers():
-    from moeless.planning.cost_model import ExpertShape
-    from moeless.simulation.simulator import simulate_policy
-
-    shape = ExpertShape(SIZE.hidden, SIZE.intermediate, SIZE.weight_bytes)
-    runs = [
-        simulate_policy("moeless", LOADS, 2, shape, 4, requests(seed=3), 10.0, CostModel()).summary()
-        for _ in range(2)
-    ]
-    assert runs[0] == runs[1]
-    replay = requests(rate=20.0, seed=4)
-    plain = simulate_policy("static", LOADS, 2, shape, 4, replay, 10.0, CostModel()).summary()
-    replicated = simulate_policy("static-replicated", LOADS, 2, shape, 4, replay, 10.0, CostModel()).summary()
-    assert replicated["usd_per_1k_requests"] == pytest.approx(plain["usd_per_1k_requests"])  # same fleet
-    assert replicated["moe_layer_ms_p99"] <= plain["moe_layer_ms_p99"]
-
-
-def test_replanning_switches_plans_and_integrates_provisioned_cost():
-    model = CostModel()
-    first = one_function_per_expert_plan()
-    for spec in first.functions:
-        spec.provisioned_concurrency = 1 if spec.name == "moeless-l000-e000" else 0
-    second = one_function_per_expert_plan()
-    switched = []
-
-    def replan(window):
-        switched.append(window)
-        return second
-
-    replay = [Request(0.0, [[{0: 2}, {2: 2}]]), Request(6.0, [[{0: 2}, {2: 2}]])]
-    sim = Simulator(first, [0, 1], SIZE, model, replan=replan, replan_s=5.0)
-    result = sim.run(replay, 10.0)
-    assert result.replans == 1 and switched[0].layers[0][0] == 2  # the window saw the first request
-    memory = first.functions[0].memory_mb
-    assert result.usd["provisioned"] == pytest.approx(model.provisioned_usd_per_s(memory, 1) * 6.0)
-    replayed = requests(rate=4.0)
-    from moeless.planning.cost_model import ExpertShape
-    from moeless.simulation.simulator import simulate_policy
-
-    shape = ExpertShape(SIZE.hidden, SIZE.intermediate, SIZE.weight_bytes)
-    live = simulate_policy("moeless", LOADS, 2, shape, 4, replayed, 10.0, model, replan_s=2.0)
-    assert live.replans >= 3
-    assert sum(live.tokens_served.values()) == sum(
-        t for r in replayed for step in r.steps for routing in step for t in routing.values()
-    )
-
-
-def test_prewarming_from_a_predictor_takes_cold_starts_off_the_path():
-    from moeless.simulation.simulator import PrewarmModel
-
-    plan = one_function_per_expert_plan()
-    # requests further apart than the idle timeout: every one meets cold functions
-    spaced = [Request(t, [[{0: 2}, {2: 2}], [{0: 1}, {3: 1}]]) for t in (0.0, 400.0, 800.0)]
-    without = Simulator(plan, [0, 1], SIZE, CostModel()).run(spaced, 900.0)
-    ahead = Simulator(plan, [0, 1], SIZE, CostModel(), prewarm=PrewarmModel(1.0, "request")).run(
-        spaced, 900.0
-    )
-    assert without.cold_starts == 9 and ahead.cold_starts == 0  # layer 0, 1, and expert 3 of the decode step
-    assert ahead.prewarms == 9 and ahead.waited_for_warmup > 0
-    assert ahead.usd["requests"] > without.usd["requests"]  # warm-ups are invokes too
-    layer = Simulator(plan, [0, 1], SIZE, CostModel(), prewarm=PrewarmModel(1.0, "layer")).run(spaced, 900.0)
-    assert 0 < layer.cold_starts < without.cold_starts  # layer 0 cannot be foreseen from inside the request
-    never = Simulator(plan, [0, 1], SIZE, CostModel(), prewarm=PrewarmModel(0.0, "request")).run(
-        spaced, 900.0
-    )
-    assert never.cold_starts == without.cold_starts and never.prewarms == 0
+    result = sim.run(flood, duration_s=1.0, horizon_s=30.0)
+    assert 0 < result.completed < len(flood)
+    assert result.usd["gpu"] == pytest.approx(3.6 / 3600 * 30.0)
+    summary = result.summary()
+    assert summary["usd_per_1k_requests"] == pytest.approx(1000 * sum(result.usd.values()) / result.completed)

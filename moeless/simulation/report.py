@@ -1,0 +1,73 @@
+"""A study's outputs: ``results.csv`` (one row per policy, the columns scripts read) and
+``report.md`` (the same figures, the setting, and every constant with its source)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from moeless.simulation.simulator import PolicyResult
+
+# the output contract of results.csv (docs/simulator.md); cost components follow as usd_per_1k_<part>
+COLUMNS = (
+    "policy",
+    "requests",
+    "completed",
+    "layers_simulated",
+    "usd_per_1k_requests",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "tpot_ms_p50",
+    "tpot_ms_p99",
+    "request_ms_p50",
+    "request_ms_p99",
+    "moe_layer_ms_p50",
+    "moe_layer_ms_p99",
+    "cold_starts",
+    "invokes",
+    "steps",
+    "replans",
+    "prewarms",
+    "fleet",
+    "backbone",
+)
+COMPONENTS = ("requests", "duration", "provisioned", "gpu")
+
+
+def write_report(results: list[PolicyResult], out_dir: Path, header: list[str], sources: list[str]) -> None:
+    """``report.md`` and ``results.csv`` in ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = [r.summary() for r in results]
+    with open(out / "results.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, [*COLUMNS, *(f"usd_per_1k_{c}" for c in COMPONENTS)])
+        writer.writeheader()
+        for row in rows:
+            parts = row["usd_per_1k_by_component"]
+            writer.writerow(
+                {key: row[key] for key in COLUMNS}
+                | {f"usd_per_1k_{c}": parts.get(c, 0.0) for c in COMPONENTS}
+            )
+    lines = [
+        "# Simulation report",
+        "",
+        *header,
+        "",
+        "| policy | $ per 1k requests | TTFT p50 / p99 ms | TPOT p50 / p99 ms | request p99 ms | "
+        "MoE layer p50 / p99 ms | cold starts | invokes | on | "
+        + " | ".join(f"$ {c}" for c in COMPONENTS)
+        + " |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---|" + "---:|" * len(COMPONENTS),
+    ]
+    for row in rows:
+        parts = " | ".join(f"{row['usd_per_1k_by_component'].get(c, 0.0):.4f}" for c in COMPONENTS)
+        done = "" if row["completed"] == row["requests"] else f" ({row['completed']}/{row['requests']} done)"
+        lines.append(
+            f"| {row['policy']}{done} | {row['usd_per_1k_requests']:.4f} | "
+            f"{row['ttft_ms_p50']:.0f} / {row['ttft_ms_p99']:.0f} | {row['tpot_ms_p50']:.1f} / "
+            f"{row['tpot_ms_p99']:.1f} | {row['request_ms_p99']:.0f} | {row['moe_layer_ms_p50']:.2f} / "
+            f"{row['moe_layer_ms_p99']:.2f} | {row['cold_starts']} | {row['invokes']} | "
+            f"{row['fleet'] or row['backbone']} | {parts} |"
+        )
+    lines += ["", "## Constants and their sources", "", *(f"- {s}" for s in sources)]
+    (out / "report.md").write_text("\n".join(lines) + "\n")
