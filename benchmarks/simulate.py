@@ -14,7 +14,8 @@ nearest recorded one, see each report.md):
     assumption: no DeepSeek routing is at hand).
 Arrivals: the Azure 2023 conversation trace (../shared/data/arrivals/azure2023_conv.csv, 1,155
 prompt / 211 output tokens on average), its timestamps rescaled to each rate (burst shape kept),
-cut to max(300 s, 40 / rate) so the slowest rates still see 40 requests. Policies: static (the
+cut to at least 300 s and at least the trace's first 40 requests (its bursts make a fixed span hold
+very different counts; the tables give the rate the window really had). Policies: static (the
 cheapest fleet that holds the model), moeless, remoe, oracle, as `moeless simulate` runs them with
 its defaults (continuous batching up to 16 sequences, fp32 experts, native GPU dtype).
 
@@ -44,7 +45,13 @@ POLICIES = ("static", "moeless", "remoe", "oracle")
 
 
 def duration_for(rate: float, quick: bool) -> float:
-    return max(120.0 if quick else 300.0, (10 if quick else 40) / rate)
+    """At least 300 s (120 quick), and long enough for the trace's first 40 (10 quick) requests at
+    this rate: the trace's own bursts make a fixed span hold very different counts."""
+    from moeless.simulation.arrivals import read_arrivals
+
+    times = read_arrivals(ARRIVALS).rescaled(rate).times_s
+    count = 10 if quick else 40
+    return max(120.0 if quick else 300.0, float(times[min(count, len(times) - 1)]))
 
 
 def run_one(model: str, rate: float, out: Path, quick: bool) -> Path:
@@ -55,7 +62,7 @@ def run_one(model: str, rate: float, out: Path, quick: bool) -> Path:
     if results.is_file():
         return results
     command = [
-        sys.executable, "-m", "moeless.cli.main", "simulate", "--loads", str(loads), "--model", model,
+        str(Path(sys.executable).parent / "moeless"), "simulate", "--loads", str(loads), "--model", model,
         "--arrivals", str(ARRIVALS), "--rate", str(rate), "--duration", str(duration_for(rate, quick)),
         "--policies", ",".join(POLICIES), "--no-plots", "-o", str(folder),
     ]  # fmt: skip
@@ -112,8 +119,9 @@ def main() -> None:
             for policy, r in at.items():
                 usd = float(r["usd_per_1k_requests"])
                 series.setdefault(policy, []).append(usd)
+                real = int(r["requests"]) / duration_for(rate, args.quick)
                 print(
-                    f"| {rate:g} | {policy} | {usd:.4g} | {usd / static:.2f}x | "
+                    f"| {rate:g} ({real:.2g}) | {policy} | {usd:.4g} | {usd / static:.2f}x | "
                     f"{float(r['ttft_ms_p99']):.0f} | {float(r['tpot_ms_p99']):.0f} | {r['cold_starts']} |"
                 )
         if "moeless" in series and len(series["moeless"]) == len(rates):

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING
 
 import click
 
+from moeless.cli.options import model_option
+
 if TYPE_CHECKING:
     from moeless.model.shapes import ModelShape
     from moeless.simulation.routing import StepRouting
@@ -26,13 +28,7 @@ if TYPE_CHECKING:
     type=click.Path(exists=True, dir_okay=False, path_type=Path),
     help="Or sample each token's experts from these loads' per-layer shares.",
 )
-@click.option(
-    "--model",
-    "model_spec",
-    metavar="NAME|config.json",
-    help="The model's shape: a preset (mixtral-8x7b, gpt-oss-120b, deepseek-v3, ...) or a Hugging Face "
-    "config.json [default: the model the loads or trace name].",
-)
+@model_option
 @click.option(
     "--policies",
     default="static,moeless,remoe,oracle",

@@ -343,6 +343,27 @@ def _switch_shape(config: dict[str, Any], name: str) -> ModelShape:
     )
 
 
+# gpt-oss-20b's config.json, and the base of gpt-oss-120b's (below)
+_GPT_OSS_20B: dict[str, Any] = {
+    "model_type": "gpt_oss",
+    "hidden_size": 2880,
+    "intermediate_size": 2880,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 64,
+    "num_key_value_heads": 8,
+    "head_dim": 64,
+    "num_local_experts": 32,
+    "experts_per_token": 4,
+    "num_experts_per_tok": 4,
+    "vocab_size": 201088,
+    "tie_word_embeddings": False,
+    "attention_bias": True,
+    "sliding_window": 128,
+    "layer_types": ["sliding_attention", "full_attention"] * 12,
+    "quantization_config": {"quant_method": "mxfp4"},
+    "torch_dtype": "bfloat16",
+}
+
 # The relevant keys of each model's published config.json (huggingface.co/<repo>/blob/main/config.json),
 # as they read there. Totals from them, checked in tests/model/test_shapes.py against the published
 # figures: Mixtral 46.7B/12.9B (mistral.ai, "Mixtral of experts"), OLMoE 6.9B/1.3B (OLMoE paper),
@@ -384,48 +405,15 @@ _PRESET_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
             "torch_dtype": "bfloat16",
         },
     ),
-    "gpt-oss-20b": (
-        "openai/gpt-oss-20b",
-        {
-            "model_type": "gpt_oss",
-            "hidden_size": 2880,
-            "intermediate_size": 2880,
-            "num_hidden_layers": 24,
-            "num_attention_heads": 64,
-            "num_key_value_heads": 8,
-            "head_dim": 64,
-            "num_local_experts": 32,
-            "experts_per_token": 4,
-            "num_experts_per_tok": 4,
-            "vocab_size": 201088,
-            "tie_word_embeddings": False,
-            "attention_bias": True,
-            "sliding_window": 128,
-            "layer_types": ["sliding_attention", "full_attention"] * 12,
-            "quantization_config": {"quant_method": "mxfp4"},
-            "torch_dtype": "bfloat16",
-        },
-    ),
+    "gpt-oss-20b": ("openai/gpt-oss-20b", _GPT_OSS_20B),
+    # gpt-oss-120b: the same blocks, 36 of them, and 128 experts per layer
     "gpt-oss-120b": (
         "openai/gpt-oss-120b",
-        {
-            "model_type": "gpt_oss",
-            "hidden_size": 2880,
-            "intermediate_size": 2880,
+        _GPT_OSS_20B
+        | {
             "num_hidden_layers": 36,
-            "num_attention_heads": 64,
-            "num_key_value_heads": 8,
-            "head_dim": 64,
             "num_local_experts": 128,
-            "experts_per_token": 4,
-            "num_experts_per_tok": 4,
-            "vocab_size": 201088,
-            "tie_word_embeddings": False,
-            "attention_bias": True,
-            "sliding_window": 128,
             "layer_types": ["sliding_attention", "full_attention"] * 18,
-            "quantization_config": {"quant_method": "mxfp4"},
-            "torch_dtype": "bfloat16",
         },
     ),
     "qwen3-30b-a3b": (
