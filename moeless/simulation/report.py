@@ -32,6 +32,13 @@ COLUMNS = (
     "backbone",
 )
 COMPONENTS = ("requests", "duration", "provisioned", "gpu")
+# the components' columns: Lambda's request and duration charges, provisioned concurrency, GPUs
+COMPONENT_COLUMNS = {
+    "requests": "usd_per_1k_lambda_requests",
+    "duration": "usd_per_1k_lambda_duration",
+    "provisioned": "usd_per_1k_provisioned",
+    "gpu": "usd_per_1k_gpu",
+}
 
 
 def write_report(results: list[PolicyResult], out_dir: Path, header: list[str], sources: list[str]) -> None:
@@ -40,13 +47,13 @@ def write_report(results: list[PolicyResult], out_dir: Path, header: list[str], 
     out.mkdir(parents=True, exist_ok=True)
     rows = [r.summary() for r in results]
     with open(out / "results.csv", "w", newline="") as f:
-        writer = csv.DictWriter(f, [*COLUMNS, *(f"usd_per_1k_{c}" for c in COMPONENTS)])
+        writer = csv.DictWriter(f, [*COLUMNS, *COMPONENT_COLUMNS.values()])
         writer.writeheader()
         for row in rows:
             parts = row["usd_per_1k_by_component"]
             writer.writerow(
                 {key: row[key] for key in COLUMNS}
-                | {f"usd_per_1k_{c}": parts.get(c, 0.0) for c in COMPONENTS}
+                | {column: parts.get(c, 0.0) for c, column in COMPONENT_COLUMNS.items()}
             )
     lines = [
         "# Simulation report",

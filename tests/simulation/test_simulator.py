@@ -251,7 +251,7 @@ def test_simulate_command_writes_the_report_with_the_contract_columns(tmp_path):
     from click.testing import CliRunner
 
     from moeless.cli.main import cli
-    from moeless.simulation.report import COLUMNS
+    from moeless.simulation.report import COLUMNS, COMPONENT_COLUMNS
 
     loads = tmp_path / "loads.json"
     layers = [{"layer": layer, "counts": counts} for layer, counts in SHARES.items()]
@@ -273,7 +273,11 @@ def test_simulate_command_writes_the_report_with_the_contract_columns(tmp_path):
     assert rows[0]["fleet"] and not rows[0]["backbone"] and rows[1]["backbone"]
     report = (out / "report.md").read_text()
     assert "unrecorded layers copy the nearest recorded one" in report and "timestamps scaled" in report
-    assert all(math.isfinite(float(r["usd_per_1k_requests"])) for r in rows)
+    for row in rows:  # the total is the sum of its parts, whatever their names
+        parts = [float(row[c]) for c in COMPONENT_COLUMNS.values()]
+        assert float(row["usd_per_1k_requests"]) == pytest.approx(sum(parts)) and math.isfinite(sum(parts))
+    static_gpu = float(rows[0]["usd_per_1k_gpu"])
+    assert static_gpu > 0 and float(rows[0]["usd_per_1k_requests"]) == pytest.approx(static_gpu)
 
 
 def test_simulate_refuses_an_unknown_model_and_a_mismatched_one(tmp_path):
