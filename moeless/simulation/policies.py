@@ -105,7 +105,7 @@ class Deployment:
         return GpuModel(
             blocks=shape.num_layers,
             dense_bytes=shape.dense_bytes(_dense_dtype(self.gpu_dtype)),
-            dense_params=shape.dense_params,
+            dense_params=shape.dense_params - shape.embedding_params,  # a lookup is no matmul
             kv_bytes_per_token=shape.kv_bytes_per_token,
             attention_flops=shape.attention_flops_per_token_per_context,
             expert_bytes=shape.expert_bytes(self.gpu_dtype),

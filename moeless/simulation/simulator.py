@@ -65,7 +65,7 @@ class GpuModel:
 
     blocks: int  # transformer blocks
     dense_bytes: float
-    dense_params: float
+    dense_params: float  # the dense part's parameters that multiply (2 FLOPs each per token)
     kv_bytes_per_token: float
     attention_flops: float  # per new token per context token, whole model
     expert_bytes: float  # one routed expert on the GPU
