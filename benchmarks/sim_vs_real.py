@@ -329,7 +329,9 @@ class RealRun:
     prewarm_invokes: int
     layer_ms: list[float]
     layer_invokes: list[int]
+    layer_cold: list[bool]
     steps: list[tuple[float, int, int, int]]
+    step_dispatch: list[float]
     counters: dict[str, float]
 
 
@@ -394,14 +396,16 @@ def fire_requests(url: str, model: str, times: np.ndarray, prompts: list[str]) -
     return [Served(**row) for row in json.loads(done.stdout)]
 
 
-def real_run(artifacts: Path, plan: Plan, times: np.ndarray, prompts: list[str]) -> RealRun:
+def real_run(
+    artifacts: Path, plan: Plan, times: np.ndarray, prompts: list[str], idle_timeout_s: float = IDLE_TIMEOUT_S
+) -> RealRun:
     """Fire a streamed completion at each arrival time through the local service; collect everything."""
     config = BackboneConfig(
         artifacts, device="cpu", max_batch=MAX_BATCH, replan_interval_s=0, predictor_trace=None
     )
 
     def start_host() -> LambdaHost:
-        return start_expert_host(artifacts, plan, EXPERT_ROOT, idle_timeout_s=IDLE_TIMEOUT_S)
+        return start_expert_host(artifacts, plan, EXPERT_ROOT, idle_timeout_s=idle_timeout_s)
 
     with ExitStack() as stack:
         server, backbone, _ = stack.enter_context(running_service(config, 0, start_host))
@@ -416,20 +420,32 @@ def real_run(artifacts: Path, plan: Plan, times: np.ndarray, prompts: list[str])
         layer_invokes: list[int] = []  # per dispatch: the experts it invoked (for the breakdown)
         run = backbone.dispatcher.run
 
+        layer_cold: list[bool] = []  # per dispatch: did it cold-start an instance
+        in_step = [0.0]  # dispatch ms of the step in progress
+
         def run_counted(layer: int, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
             layer_invokes.append(len(inputs))
-            return run(layer, inputs)
+            colds = backbone.stats.get("cold_starts")
+            started = time.perf_counter()
+            try:
+                return run(layer, inputs)
+            finally:
+                in_step[0] += (time.perf_counter() - started) * 1e3
+                layer_cold.append(backbone.stats.get("cold_starts") > colds)
 
         setattr(backbone.dispatcher, "run", run_counted)  # noqa: B010
         steps: list[tuple[float, int, int, int]] = []  # per engine step: ms, prefills, tokens, sequences
+        step_dispatch: list[float] = []  # per engine step: ms in its dispatches
         step = backbone.engine._step
 
         def step_timed(batch: list[Any]) -> None:
             prefills = [s for s in batch if not s.generated and s.cache is None]
             tokens = sum(len(s.prompt_ids) for s in prefills) + len(batch) - len(prefills)
+            in_step[0] = 0.0
             started = time.perf_counter()
             step(batch)
             steps.append(((time.perf_counter() - started) * 1e3, len(prefills), tokens, len(batch)))
+            step_dispatch.append(in_step[0])
 
         setattr(backbone.engine, "_step", step_timed)  # noqa: B010
         before = backbone.stats.snapshot()["counters"]
@@ -448,9 +464,48 @@ def real_run(artifacts: Path, plan: Plan, times: np.ndarray, prompts: list[str])
         delta("prewarm_invokes"),
         layer_ms,
         layer_invokes,
+        layer_cold,
         steps,
+        step_dispatch,
         {k: after[k] - before.get(k, 0) for k in sorted(after)},
     )
+
+
+def measure_service(artifacts: Path, plan: Plan, fit: BackboneFit) -> tuple[BackboneFit, InvokeFit]:
+    """The service's own constants, measured on the whole local stack under a calibration load of
+    its own (the demo prompts, 4 closely spaced groups of 1, 2, 4 and 8 requests, after one
+    request per prompt has warmed the functions): warm MoE layers' dispatch time against their
+    invokes (``single + serial x (n - 1)``, and the spread), and the engine's time per step
+    beyond dispatches and its forwards (as ``fit`` prices them) against its sequences."""
+    prompts = list(DEMO_PROMPTS)
+    times = [0.0] * 4 + [3.0]  # warm-up: most experts get an instance
+    for group, start in zip((1, 2, 4, 8), (6.0, 8.0, 10.5, 13.5), strict=True):
+        times += [start + 0.05 * n for n in range(group)]
+    run = real_run(
+        artifacts, plan, np.asarray(times), [prompts[n % len(prompts)] for n in range(len(times))], 600
+    )
+    warm = [
+        (n, ms)
+        for n, ms, cold in zip(run.layer_invokes, run.layer_ms, run.layer_cold, strict=False)
+        if not cold
+    ][len(run.layer_ms) // 4 :]  # the warm-up's layers left out
+    counts = sorted({n for n, _ in warm})
+    medians = {n: statistics.median(ms for k, ms in warm if k == n) for n in counts}
+    weights = [sum(1 for k, _ in warm if k == n) for n in counts]
+    slope, intercept = np.polyfit(
+        [n - 1 for n in counts], [medians[n] for n in counts], 1, w=np.sqrt(weights)
+    )
+    spread = float(np.std([math.log(ms / medians[n]) for n, ms in warm]))
+    rest = [
+        (n, ms - dispatch - (p + (1 if n > p else 0)) * fit.overhead_ms - tokens * fit.per_token_ms)
+        for (ms, p, tokens, n), dispatch in zip(run.steps, run.step_dispatch, strict=True)
+    ]
+    per_sequence, per_step = np.polyfit([n for n, _ in rest], [ms for _, ms in rest], 1)
+    service = replace(fit, step_ms=float(max(per_step, 0.0)), sequence_ms=float(max(per_sequence, 0.0)))
+    invokes = InvokeFit(
+        0.0, float(intercept), float(max(slope, 0.0)), 0.0, spread, sorted(medians.items()), []
+    )
+    return service, invokes
 
 
 # --- 3. and 4. the routing and the simulation ----------------------------------------------------
@@ -570,9 +625,14 @@ def main() -> None:
     # 1. calibration, before and after the real run (the machine is shared: its load drifts)
     def calibrate(when: str) -> tuple[BackboneFit, InvokeFit]:
         fit = measure_backbone(artifacts, manifest, prompts)
-        step_ms, sequence_ms = measure_engine(artifacts, manifest, prompts)
-        fit = replace(fit, step_ms=step_ms, sequence_ms=sequence_ms)
-        invokes = measure_invokes(artifacts, plan)
+        cold = measure_invokes(artifacts, plan)
+        fit, warm = measure_service(artifacts, plan, fit)
+        invokes = replace(
+            warm,
+            cold_start_ms=cold.cold_start_ms,
+            cold_serial_ms=cold.cold_serial_ms,
+            cold_points=cold.cold_points,
+        )
         print(
             f"{when}: backbone (experts excluded) {fit.overhead_ms:.2f} ms per forward + "
             f"{fit.per_token_ms * 1e3:.1f} us per token ["
@@ -581,7 +641,8 @@ def main() -> None:
             f"sequence; invokes: cold start {invokes.cold_start_ms:.0f} ms over a warm round trip, each "
             f"further concurrent one {invokes.cold_serial_ms:.0f} ms later ["
             + ", ".join(f"{n}: {ms:.0f}" for n, ms in invokes.cold_points)
-            + f"]; n warm at once {invokes.single_ms:.2f} + {invokes.serial_ms:.2f} x (n - 1) ms ["
+            + f"]; in the service, a warm layer of n invokes {invokes.single_ms:.2f} + "
+            f"{invokes.serial_ms:.2f} x (n - 1) ms, spread {invokes.spread:.2f} ["
             + ", ".join(f"{n}: {ms:.2f}" for n, ms in invokes.points)
             + "]",
             flush=True,

@@ -23,10 +23,13 @@ from moeless.aws_prices import PRICES, LambdaPrices, billed_ms, gb_seconds, vcpu
 from moeless.errors import PlanError
 from moeless.planning.instances import CATALOGUE, Instance
 
-# benchmarks/sim_vs_real.py's calibration on this project's 2-core machine (median of runs)
-INVOKE_SERIAL_MS_LOCAL = 3.0
-COLD_START_SERIAL_MS_LOCAL = 200.0
-INVOKE_SPREAD_LOCAL = 0.15
+# benchmarks/sim_vs_real.py's calibration on this project's 2-core machine (shared with other
+# work; mean of its before and after calibrations, one run): in the running service, a warm MoE
+# layer of n invokes took 3.1 + 5.3 x (n - 1) ms with a lognormal spread of 0.23; 8 cold starts at
+# once ended 184 ms apart
+INVOKE_SERIAL_MS_LOCAL = 5.3
+COLD_START_SERIAL_MS_LOCAL = 184.0
+INVOKE_SPREAD_LOCAL = 0.23
 
 # Lambda memory sizes the planner chooses from: 1..6 full vCPUs (1,769 MB per vCPU).
 MEMORY_OPTIONS_MB = (1769, 3538, 5307, 7076, 8845, 10240)
@@ -81,8 +84,8 @@ class CostModel:
     invoke_ms_per_mb_aws: float = 10.0
     # the part of each invoke that invokes issued together do one after another: locally the boto3
     # client, the host's HTTP servers and the service share one interpreter and 2 cores, so the k-th
-    # invoke of a layer leaves k x this later (benchmarks/sim_vs_real.py: n concurrent invokes of
-    # the tiny Mixtral's experts take a + s x (n - 1), s = INVOKE_SERIAL_MS_LOCAL); on AWS the
+    # invoke of a layer leaves k x this later (benchmarks/sim_vs_real.py: a warm layer of n invokes
+    # of the tiny Mixtral's experts takes a + s x (n - 1), s = INVOKE_SERIAL_MS_LOCAL); on AWS the
     # client's threads overlap the network waits: an assumption (boto3's ~1 ms of Python per
     # call is not modelled)
     invoke_serial_ms_local: float = INVOKE_SERIAL_MS_LOCAL
