@@ -23,6 +23,14 @@ from moeless.aws_prices import PRICES, LambdaPrices, billed_ms, gb_seconds, vcpu
 from moeless.errors import PlanError
 from moeless.planning.instances import CATALOGUE, Instance
 
+# benchmarks/sim_vs_real.py's calibration on this project's 2-core machine (shared with other
+# work; mean of its before and after calibrations, one run): in the running service, a warm MoE
+# layer of n invokes took 3.1 + 5.3 x (n - 1) ms with a lognormal spread of 0.23; 8 cold starts at
+# once ended 184 ms apart
+INVOKE_SERIAL_MS_LOCAL = 5.3
+COLD_START_SERIAL_MS_LOCAL = 184.0
+INVOKE_SPREAD_LOCAL = 0.23
+
 # Lambda memory sizes the planner chooses from: 1..6 full vCPUs (1,769 MB per vCPU).
 MEMORY_OPTIONS_MB = (1769, 3538, 5307, 7076, 8845, 10240)
 
@@ -74,11 +82,28 @@ class CostModel:
     # synchronous invoke in-region, re-check on a deployment)
     invoke_ms_per_mb_local: float = 5.5
     invoke_ms_per_mb_aws: float = 10.0
+    # the part of each invoke that invokes issued together do one after another: locally the boto3
+    # client, the host's HTTP servers and the service share one interpreter and 2 cores, so the k-th
+    # invoke of a layer leaves k x this later (benchmarks/sim_vs_real.py: a warm layer of n invokes
+    # of the tiny Mixtral's experts takes a + s x (n - 1), s = INVOKE_SERIAL_MS_LOCAL); on AWS the
+    # client's threads overlap the network waits: an assumption (boto3's ~1 ms of Python per
+    # call is not modelled)
+    invoke_serial_ms_local: float = INVOKE_SERIAL_MS_LOCAL
+    invoke_serial_ms_aws: float = 0.0
+    # the spread (sigma of a lognormal factor on a layer's invoke overheads) that the machine's
+    # momentary load gives: locally measured by benchmarks/sim_vs_real.py; AWS: none modelled
+    invoke_spread_local: float = INVOKE_SPREAD_LOCAL
+    invoke_spread_aws: float = 0.0
     # cold start = process start + session init; local process start measured 125-143 ms and session init
     # ~6.9 ms per MB of ONNX (4,896 ms for 705 MB) by benchmarks/invoke_overhead.py; AWS container images
     # take 1-10 s (docs/design.md): 1 s base is the optimistic end
     cold_start_base_ms: float = 1000.0
     cold_start_ms_per_mb: float = 6.9
+    # each cold start still initialising when another begins delays that one by this: locally the
+    # instances' processes share the machine's 2 cores (benchmarks/sim_vs_real.py: 8 cold starts
+    # at once end about 7 x this after one alone); on AWS each sandbox has its own CPU
+    cold_start_serial_ms_local: float = COLD_START_SERIAL_MS_LOCAL
+    cold_start_serial_ms_aws: float = 0.0
     # resident set of an expert function beyond its weights (python, numpy, onnxruntime): an estimate
     runtime_overhead_mb: int = 400
     # in-process expert time on the backbone's GPU relative to one Lambda vCPU: an assumption
@@ -90,6 +115,21 @@ class CostModel:
     @property
     def invoke_overhead_ms(self) -> float:
         return self.invoke_overhead_ms_aws if self.aws else self.invoke_overhead_ms_local
+
+    @property
+    def cold_start_serial_ms(self) -> float:
+        """How much each cold start already initialising delays a new one (see ``..._local``)."""
+        return self.cold_start_serial_ms_aws if self.aws else self.cold_start_serial_ms_local
+
+    @property
+    def invoke_spread(self) -> float:
+        """Sigma of the lognormal load factor on a layer's invoke overheads (see ``..._local``)."""
+        return self.invoke_spread_aws if self.aws else self.invoke_spread_local
+
+    @property
+    def invoke_serial_ms(self) -> float:
+        """How much later each further invoke of one layer leaves (see ``invoke_serial_ms_local``)."""
+        return self.invoke_serial_ms_aws if self.aws else self.invoke_serial_ms_local
 
     def invoke_ms(self, tokens: int, hidden: int) -> float:
         """Overhead and payload transfer of one invoke carrying ``tokens`` float32 rows both ways."""
@@ -145,8 +185,15 @@ class CostModel:
             "140.8 ms @64 tokens on 2 threads) -> 16 GB/s and 80 GFLOP/s per vCPU",
             f"warm invoke overhead: {self.invoke_overhead_ms_local} ms local "
             f"(benchmarks/invoke_overhead.py), {self.invoke_overhead_ms_aws} ms on AWS (assumption)",
+            f"invokes issued together leave {self.invoke_serial_ms_local} ms apart locally "
+            f"(benchmarks/sim_vs_real.py), {self.invoke_serial_ms_aws} ms on AWS (assumption)",
+            f"spread of a layer's invoke overheads (lognormal sigma): {self.invoke_spread_local} locally "
+            f"(benchmarks/sim_vs_real.py), {self.invoke_spread_aws} on AWS (not modelled)",
             f"cold start: {self.cold_start_base_ms:.0f} ms + {self.cold_start_ms_per_mb} ms/MB "
             "(docs/design.md: 1-10 s for ML images; per-MB session init from benchmarks/invoke_overhead.py)",
+            f"concurrent cold starts: each one initialising delays another by "
+            f"{self.cold_start_serial_ms_local:.0f} ms locally (benchmarks/sim_vs_real.py), "
+            f"{self.cold_start_serial_ms_aws:.0f} ms on AWS (separate sandboxes)",
             "Lambda: 1,769 MB = 1 vCPU, up to 6 vCPUs at 10,240 MB (docs/design.md)",
             f"prices: {self.prices.source}",
             f"backbone GPU: {self.gpu.name} ({self.gpu.gpus}x {self.gpu.gpu}), ${self.gpu.hourly_usd}/h, "

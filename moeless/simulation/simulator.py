@@ -13,11 +13,17 @@ dispatcher does). Each piece is served where the policy put it:
   initialising, else a new one after a cold start; an instance serves one invoke at a time and
   idles out after ``idle_timeout_s``; provisioned instances never idle out. Time = invoke overhead
   + payload transfer + compute at the function's vCPUs (:class:`~moeless.planning.cost_model.CostModel`).
+  The k-th invoke of a layer leaves ``k x invoke_serial_ms`` after the first, and a cold start
+  takes ``cold_start_serial_ms`` longer for every other one still initialising: both 0 on AWS,
+  measured on the local host, whose client, servers and instances share one machine's cores;
+  there, the machine's momentary load also scales each layer's invoke overheads by a lognormal
+  factor of spread ``invoke_spread`` (0 on AWS).
 * the **backbone** GPU (Remoe's resident experts): the roofline of the experts it touched.
 * **serverful** (``static``): the whole model on a GPU fleet; the layer's experts cost the
   roofline of the experts the step touched, no invokes.
 
-Each block also pays the backbone's dense part on the GPU (:mod:`moeless.simulation.roofline`).
+Each block also pays the backbone's dense part on the GPU (:mod:`moeless.simulation.roofline`),
+once per forward of the step as the engine runs them: each prefill alone, then one batched decode.
 A layer ends when its last piece does; then the step moves on. Events are processed in time
 order across the backbone's step loops, so function instances are shared as they would be.
 
@@ -70,6 +76,10 @@ class GpuModel:
     attention_flops: float  # per new token per context token, whole model
     expert_bytes: float  # one routed expert on the GPU
     expert_params: float
+    # the engine's own work per step beyond its forwards (batch rebuild, sampling, detokenising,
+    # streaming), and per sequence of the step: 0 unless measured (benchmarks/sim_vs_real.py)
+    step_overhead_ms: float = 0.0
+    sequence_overhead_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -244,7 +254,9 @@ class Simulator:
         self.max_rows = max_tokens_per_request(size.hidden)
         self._rng = np.random.default_rng(seed)
         self._prewarm_rng = np.random.default_rng(prewarm.seed if prewarm else 0)
+        self._spread_rng = np.random.default_rng(seed + 1)
         self.functions: dict[str, _Function] = {}
+        self._initialising: list[float] = []  # when each cold start in progress ends (all functions)
         self.replans = -1
         self._provisioned_usd = 0.0
         self._provisioned_since = 0.0
@@ -414,18 +426,25 @@ class Simulator:
             counts += self.routing.decode(
                 [requests[s.index].source for s in decoding], [s.generated - 1 for s in decoding], self._rng
             )
-        tokens = sum(requests[s.index].prompt_tokens for s in prefilling) + len(decoding)
-        context = sum(requests[s.index].prompt_tokens + s.generated for s in batch)
-        gpu = self.gpu
-        blocks = max(gpu.blocks, 1)
-        dense_flops = 2 * gpu.dense_params * tokens + gpu.attention_flops * tokens * context / max(
-            len(batch), 1
-        )
-        per_block = self.hardware.roofline.ms(
-            (gpu.dense_bytes + gpu.kv_bytes_per_token * context) / blocks, dense_flops / blocks
-        )
-        dense_ms = blocks * (per_block + self.hardware.roofline.block_overhead_ms) / len(self.layers)
+        # the step's forwards, as generation.py runs them: each prefill alone, then one batched
+        # decode; each is (tokens, context tokens attended over, sequences)
+        forwards = [(requests[s.index].prompt_tokens,) * 2 + (1,) for s in prefilling]
+        if decoding:
+            context = sum(requests[s.index].prompt_tokens + s.generated for s in decoding)
+            forwards.append((len(decoding), context, len(decoding)))
+        tokens = sum(f[0] for f in forwards)
+        engine_ms = self.gpu.step_overhead_ms + self.gpu.sequence_overhead_ms * len(batch)
+        dense_ms = (sum(self._forward_ms(*f) for f in forwards) + engine_ms) / len(self.layers)
         return _Step(prefilling, decoding, counts, dense_ms, tokens)
+
+    def _forward_ms(self, tokens: int, context: int, sequences: int) -> float:
+        """One forward's dense part over every block: each block streams its weights and its
+        sequences' KV cache again, computes its tokens, and pays the per-block overhead."""
+        gpu, roofline = self.gpu, self.hardware.roofline
+        blocks = max(gpu.blocks, 1)
+        flops = 2 * gpu.dense_params * tokens + gpu.attention_flops * tokens * context / max(sequences, 1)
+        per_block = roofline.ms((gpu.dense_bytes + gpu.kv_bytes_per_token * context) / blocks, flops / blocks)
+        return blocks * (per_block + roofline.block_overhead_ms)
 
     def _layer(
         self, now: float, index: int, step: _Step, result: PolicyResult, usd: dict[str, float]
@@ -465,6 +484,10 @@ class Simulator:
     ) -> float:
         slowest = 0.0
         resident, resident_selections = 0, 0
+        issued = 0  # invokes of this layer so far: the k-th leaves k x invoke_serial_ms later
+        # the machine's momentary load scales the layer's invoke overheads (lognormal, 0: none)
+        spread = self.model.invoke_spread
+        factor = float(np.exp(self._spread_rng.normal(0.0, spread))) if spread > 0 else 1.0
         for expert in needed:
             tokens = int(row[expert])
             placement = self.placement[(layer, int(expert))]
@@ -478,7 +501,12 @@ class Simulator:
                 share = tokens // replicas + (1 if k < tokens % replicas else 0)
                 for offset in range(0, share, self.max_rows):
                     piece = min(self.max_rows, share - offset)
-                    slowest = max(slowest, self._invoke(now, names[k], piece, result, usd))
+                    delay_ms = issued * self.model.invoke_serial_ms * factor
+                    issued += 1
+                    latency = delay_ms + self._invoke(
+                        now + delay_ms / 1e3, names[k], piece, result, usd, factor
+                    )
+                    slowest = max(slowest, latency)
                     if self.timeline:
                         result.pieces.append((now, f"{layer}/{expert}/{k}", piece))
         return max(slowest, self._gpu_experts_ms(resident, resident_selections))
@@ -503,7 +531,7 @@ class Simulator:
                 )
                 if idle or function.warming:
                     continue
-                cold_ms = self.model.cold_start_ms(self.size.weight_bytes)
+                cold_ms = self._cold_start_ms(now)
                 function.warming.append(now + cold_ms / 1e3)
                 result.prewarms += 1
                 usd["requests"] += self.model.prices.per_request
@@ -511,10 +539,28 @@ class Simulator:
                     math.ceil(cold_ms) / 1e3 * function.memory_mb / 1024 * self.model.prices.per_gb_second
                 )
 
+    def _cold_start_ms(self, now: float) -> float:
+        """A cold start beginning at ``now``: its own init, plus ``cold_start_serial_ms`` for every
+        other one still initialising (they share the machine's cores locally; 0 on AWS)."""
+        self._initialising = [t for t in self._initialising if t > now]
+        cold_ms = (
+            self.model.cold_start_ms(self.size.weight_bytes)
+            + len(self._initialising) * self.model.cold_start_serial_ms
+        )
+        self._initialising.append(now + cold_ms / 1e3)
+        return cold_ms
+
     def _invoke(
-        self, now: float, name: str, tokens: int, result: PolicyResult, usd: dict[str, float]
+        self,
+        now: float,
+        name: str,
+        tokens: int,
+        result: PolicyResult,
+        usd: dict[str, float],
+        overhead_factor: float = 1.0,
     ) -> float:
-        """One invoke of ``tokens`` rows on function ``name`` at ``now``; returns its latency, ms."""
+        """One invoke of ``tokens`` rows on function ``name`` at ``now``; returns its latency, ms
+        (``overhead_factor`` scales its overhead and transfer: the machine's momentary load)."""
         function = self.functions[name]
         size = self.size
         compute = (
@@ -527,7 +573,7 @@ class Simulator:
             )
             / self.compute_speedup
         )
-        busy_ms = self.model.invoke_ms(tokens, size.hidden) + compute
+        busy_ms = self.model.invoke_ms(tokens, size.hidden) * overhead_factor + compute
         result.invokes += 1
         usd["requests"] += self.model.prices.per_request
         provisioned = False
@@ -556,7 +602,7 @@ class Simulator:
                     k = len(function.free_at) - 1
                     start = max(now, ready)
                 else:
-                    cold_ms = self.model.cold_start_ms(size.weight_bytes)
+                    cold_ms = self._cold_start_ms(now)
                     result.cold_starts += 1
                     function.free_at.append(0.0)
                     k = len(function.free_at) - 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import math
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -81,10 +82,61 @@ def test_a_batched_step_matches_a_hand_computation():
     assert result.invokes == 3 + 4 + 2 + 4
     assert result.steps == 2
     assert result.layer_latency_ms == pytest.approx(step1 + step2)
-    first = sum(step1) + 2 * 0.5
+    # each prefill is a forward of its own (generation.py): step 1 streams the dense part twice
+    first = sum(step1) + 2 * 2 * 0.5
     assert result.ttft_ms == pytest.approx([first, first])
     assert result.tpot_ms == pytest.approx([sum(step2) + 1.0] * 2)
     assert result.tokens_served[(0, 0)] == 6 and result.tokens_served[(1, 2)] == 3
+
+
+def test_a_step_pays_each_of_its_forwards_as_the_engine_runs_them():
+    # three requests at t = 0, 1 output token each: one step of three prefill forwards, each alone
+    # (its own pass over the weights and its own per-block overhead), then a step that decodes two
+    # sequences in one batched forward
+    gpu = replace(GPU, dense_bytes=0.0)
+    hardware = Hardware("1x test", 0.0, Roofline(1000, 1000, 1.0, 1.0, block_overhead_ms=1.5))
+    sim = Simulator(one_function_each(), sampled(), SIZE, CostModel(), gpu, hardware, oracle=True)
+    one_step = sim.run([Request(0.0, 4, 1, n) for n in range(3)], 1.0)
+    moe = sum(one_step.layer_latency_ms)
+    assert one_step.steps == 1
+    assert one_step.ttft_ms == pytest.approx([moe + 3 * 2 * 1.5] * 3)  # 3 forwards x 2 blocks
+    sim = Simulator(one_function_each(), sampled(), SIZE, CostModel(), gpu, hardware, oracle=True)
+    two_steps = sim.run([Request(0.0, 4, 2, n) for n in range(2)], 1.0)
+    assert two_steps.steps == 2
+    dense = two_steps.request_latency_ms[0] - sum(two_steps.layer_latency_ms)
+    assert dense == pytest.approx((2 + 1) * 2 * 1.5)  # 2 prefill forwards, then 1 decode forward
+
+
+def test_local_invokes_of_a_layer_leave_one_after_another():
+    # one token to each of experts 0..3 of layer 0 and 4..7 of layer 1: four invokes per layer;
+    # locally the k-th leaves k x invoke_serial_ms after the first; on AWS they overlap
+    prefill = [np.array([[[0, 1], [4, 5]], [[2, 3], [6, 7]]])]
+    routing = RecordedRouting(prefill, prefill, 8, 2, [0, 1], [0, 1], "", "hand-made")
+    for aws, serial in ((False, 3.0), (True, 0.0)):
+        model = CostModel(aws=aws, invoke_serial_ms_local=3.0, invoke_spread_local=0.0)
+        sim = Simulator(one_function_each(), routing, SIZE, model, GPU, HARDWARE, oracle=True)
+        result = sim.run([Request(0.0, 2, 1, 0)], 1.0)
+        one = model.invoke_ms(1, 1024) + model.expert_ms(1, 1024, 2816, 1, SIZE.weight_bytes)
+        assert result.invokes == 8
+        assert result.layer_latency_ms == pytest.approx([3 * serial + one] * 2)
+
+
+def test_local_cold_starts_at_once_share_the_machine():
+    # four cold functions in one layer: locally each cold start still initialising delays the next
+    # by cold_start_serial_ms (their processes share the cores); on AWS each has its own sandbox
+    prefill = [np.array([[[0, 1], [0, 1]], [[2, 3], [2, 3]]])]
+    routing = RecordedRouting(prefill, prefill, 8, 2, [0, 1], [0, 1], "", "hand-made")
+    for aws, extra in ((False, 100.0), (True, 0.0)):
+        model = CostModel(
+            aws=aws, invoke_serial_ms_local=0.0, cold_start_serial_ms_local=100.0, invoke_spread_local=0.0
+        )
+        sim = Simulator(one_function_each(), routing, SIZE, model, GPU, HARDWARE)
+        result = sim.run([Request(0.0, 2, 1, 0)], 1.0)
+        cold = model.cold_start_ms(SIZE.weight_bytes)
+        one = model.invoke_ms(1, 1024) + model.expert_ms(1, 1024, 2816, 1, SIZE.weight_bytes)
+        assert result.cold_starts == 8
+        # layer 0 cold-starts four at once; layer 1's four begin after those ended
+        assert result.layer_latency_ms == pytest.approx([cold + 3 * extra + one] * 2)
 
 
 def test_every_token_is_served_exactly_once_and_the_batch_is_bounded():
