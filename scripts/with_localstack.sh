@@ -14,7 +14,7 @@ LOG="$ROOT/.moeless/localstack.log"
 # LocalStack keeps S3 objects here whatever its FILESYSTEM_ROOT or TMPDIR say (services/s3/provider.py).
 S3_STORE=/tmp/localstack-s3-storage
 STOP_GRACE_S=10
-READY_TIMEOUT_S=60
+READY_TIMEOUT_S=120
 
 find_python() {
     # A pyenv shim answers `command -v` even when its version is not selected: run each candidate.
@@ -51,6 +51,7 @@ mkdir -p "$STATE/fs" "$STATE/tmp" "$(dirname "$LOG")"
 # Another LocalStack may own the S3 store: remove it afterwards only if this run made it.
 [ -e "$S3_STORE" ] && S3_STORE_WAS_THERE=1 || S3_STORE_WAS_THERE=0
 PID=""
+COMMAND_PID=""
 
 stop() {
     if [ -n "$PID" ] && kill -0 "$PID" 2>/dev/null; then
@@ -66,9 +67,15 @@ stop() {
     rm -rf "$STATE"
     [ "$S3_STORE_WAS_THERE" = 1 ] || rm -rf "$S3_STORE"
 }
+# The command runs in the background so that a signal stops LocalStack at once; it is passed on
+# as SIGTERM (a background job of a script ignores SIGINT).
+interrupted() {
+    [ -z "$COMMAND_PID" ] || kill -TERM "$COMMAND_PID" 2>/dev/null || true
+    exit "$1"
+}
 trap stop EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
+trap 'interrupted 130' INT
+trap 'interrupted 143' TERM
 
 # The default (twisted) gateway binds 0.0.0.0 whatever GATEWAY_LISTEN says: hypercorn keeps to
 # 127.0.0.1. OVERRIDE_IN_DOCKER=0 keeps its files under FILESYSTEM_ROOT instead of system folders.
@@ -90,6 +97,8 @@ until "$VENV/bin/python" -c "import urllib.request; urllib.request.urlopen('$URL
 done
 echo "with_localstack: LocalStack $URL ready in $((SECONDS - started)) s (log: $LOG)" >&2
 
+MOELESS_TEST_LOCALSTACK="$URL" "$@" &
+COMMAND_PID=$!
 rc=0
-MOELESS_TEST_LOCALSTACK="$URL" "$@" || rc=$?
+wait "$COMMAND_PID" || rc=$?
 exit "$rc"

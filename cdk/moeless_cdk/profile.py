@@ -2,9 +2,9 @@
 
 LocalStack's core (the free runtime, a plain process) serves S3, IAM, STS, CloudWatch Logs, SSM,
 CloudFormation, EC2 VPCs and API Gateway REST APIs, accepts Lambda functions without running
-them, and has no ECR, ECS, ELBv2, Auto Scaling or WAFv2 API. It also creates CloudFormation
-resources of types it lacks as silent no-ops, so a profile that kept them would deploy "green"
-and prove nothing. ``moeless:target=localstack`` therefore keeps every resource the emulator
+them, and has no ECR, ECS, ELBv2, Auto Scaling or WAFv2 API. Its CloudFormation also creates
+resources of types it lacks as silent no-ops (its strict mode refuses every type when it cannot
+reach its online catalogue), so a profile that kept them would deploy "green" and prove nothing. ``moeless:target=localstack`` therefore keeps every resource the emulator
 really implements and leaves out, by name, the ones it cannot run: each stack records what it
 left out as a synth-time annotation, ``localstack/README.md`` lists them, and
 ``tests/deployment/test_cdk_app.py`` checks that none of their resource types is synthesised.
@@ -34,6 +34,9 @@ LEFT_OUT_ON_LOCALSTACK = {
     "GPU Auto Scaling group and launch template": "no Auto Scaling API in LocalStack's core",
     "Network Load Balancer and target group": "no ELBv2 API in LocalStack's core",
     "task scaling policy": "no Application Auto Scaling API in LocalStack's core",
+    "VPC flow log": "LocalStack's CloudFormation has no AWS::EC2::FlowLog",
+    "security group rules between groups": "LocalStack's CloudFormation has no "
+    "AWS::EC2::SecurityGroupIngress/Egress; the groups keep their address-range rules",
     "NAT gateway and private subnets with egress": "nothing in the profile needs egress; the VPC "
     "keeps public and isolated subnets",
     "Lambda-backed custom resources (default security group restriction)": "LocalStack runs no "
@@ -46,4 +49,6 @@ LEFT_OUT_ON_LOCALSTACK = {
 def left_out(stack: Stack, *names: str) -> None:
     """Record on ``stack`` (``cdk synth`` prints it) which of :data:`LEFT_OUT_ON_LOCALSTACK` it omits."""
     for name in names:
-        Annotations.of(stack).add_info(f"moeless:target=localstack leaves out {name}: {LEFT_OUT_ON_LOCALSTACK[name]}")
+        Annotations.of(stack).add_info(
+            f"moeless:target=localstack leaves out {name}: {LEFT_OUT_ON_LOCALSTACK[name]}"
+        )
