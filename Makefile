@@ -25,7 +25,7 @@ $(CDK_CLI): cdk/package.json cdk/package-lock.json
 # a minute and a half). Without Python 3.13 nothing is installed and those tests skip.
 LOCALSTACK_VENV := .localstack-venv
 LOCALSTACK_STAMP := $(LOCALSTACK_VENV)/.installed
-LOCALSTACK_PYTHON := $(shell scripts/with_localstack.sh --python)
+LOCALSTACK_PYTHON := $(shell localstack/with_localstack.sh --python)
 UV_VERSION := 0.13.9
 
 $(LOCALSTACK_STAMP): localstack/requirements.txt
@@ -47,7 +47,7 @@ demo: $(STAMP)
 test: $(STAMP) $(CDK_CLI) $(LOCALSTACK_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	LOCALSTACK_VENV=$(LOCALSTACK_VENV) scripts/with_localstack.sh $(BIN)/pytest -q
+	LOCALSTACK_VENV=$(LOCALSTACK_VENV) localstack/with_localstack.sh $(BIN)/pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

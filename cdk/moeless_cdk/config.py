@@ -140,7 +140,7 @@ def _required(context: Callable[[str], Any], key: str) -> Any:
 
 
 # context key -> (DeployConfig field, type); an absent key leaves the field's default.
-_CONTEXT_FIELDS = {
+_CONTEXT_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "moeless:stage": ("stage", str),
     "moeless:expertCode": ("expert_code", str),
     "moeless:imageTag": ("image_tag", str),

@@ -4,10 +4,12 @@ LocalStack's core (the free runtime, a plain process) serves S3, IAM, STS, Cloud
 CloudFormation, EC2 VPCs and API Gateway REST APIs, accepts Lambda functions without running
 them, and has no ECR, ECS, ELBv2, Auto Scaling or WAFv2 API. Its CloudFormation also creates
 resources of types it lacks as silent no-ops (its strict mode refuses every type when it cannot
-reach its online catalogue), so a profile that kept them would deploy "green" and prove nothing. ``moeless:target=localstack`` therefore keeps every resource the emulator
-really implements and leaves out, by name, the ones it cannot run: each stack records what it
-left out as a synth-time annotation, ``localstack/README.md`` lists them, and
-``tests/deployment/test_cdk_app.py`` checks that none of their resource types is synthesised.
+reach its online catalogue), so a profile that kept them would deploy "green" and prove
+nothing. ``moeless:target=localstack`` therefore keeps every resource the emulator really
+implements and leaves out, by name, the ones it cannot run: each stack records what it left out
+as a synth-time annotation, ``localstack/README.md`` lists them, ``test_cdk_app.py`` checks that
+none of their resource types is synthesised, and ``test_localstack.py`` reads every deployed
+type back through its service API.
 """
 
 from __future__ import annotations

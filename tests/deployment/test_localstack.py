@@ -1,5 +1,5 @@
 """The deployment against a running LocalStack (its core runtime as a plain process, no Docker;
-``make test`` starts one through scripts/with_localstack.sh and names it in MOELESS_TEST_LOCALSTACK).
+``make test`` starts one through localstack/with_localstack.sh and names it in MOELESS_TEST_LOCALSTACK).
 
 Two paths, as a user takes them: ``moeless deploy --local --aws-endpoint`` (the cloud mirror, and
 the local service behind it), and the CDK app's ``moeless:target=localstack`` profile bootstrapped,
@@ -31,7 +31,7 @@ ENDPOINT = os.environ.get("MOELESS_TEST_LOCALSTACK", "")
 pytestmark = pytest.mark.skipif(
     not ENDPOINT,
     reason="no LocalStack: MOELESS_TEST_LOCALSTACK is unset (`make test` starts one where Python 3.13 "
-    "is installed: scripts/with_localstack.sh, localstack/README.md)",
+    "is installed: localstack/with_localstack.sh, localstack/README.md)",
 )
 
 boto3 = pytest.importorskip("boto3", reason="needs the [deploy] extra")
@@ -61,11 +61,13 @@ CREDENTIALS = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test", "AW
 
 
 def client(service: str) -> Any:
-    return boto3.Session(region_name=REGION, **_keys()).client(service, endpoint_url=ENDPOINT)
-
-
-def _keys() -> dict[str, str]:
-    return {"aws_access_key_id": "test", "aws_secret_access_key": "test"}
+    return boto3.client(
+        service,
+        endpoint_url=ENDPOINT,
+        region_name=REGION,
+        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+    )
 
 
 def stage_url(api_id: str, stage: str, path: str) -> str:

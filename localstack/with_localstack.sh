@@ -4,8 +4,8 @@
 # command's outcome. Without LocalStack's venv (no Python 3.13 here) the command runs alone, and the
 # LocalStack tests skip saying so. See localstack/README.md.
 #
-#   scripts/with_localstack.sh CMD...       run CMD with LocalStack; exit with CMD's status
-#   scripts/with_localstack.sh --python     print a Python 3.13 interpreter, or nothing
+#   localstack/with_localstack.sh CMD...       run CMD with LocalStack; exit with CMD's status
+#   localstack/with_localstack.sh --python     print a Python 3.13 interpreter, or nothing
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
