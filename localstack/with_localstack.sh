@@ -13,7 +13,7 @@ VENV="${LOCALSTACK_VENV:-$ROOT/.localstack-venv}"
 LOG="$ROOT/.moeless/localstack.log"
 # LocalStack keeps S3 objects here whatever its FILESYSTEM_ROOT or TMPDIR say (services/s3/provider.py).
 S3_STORE=/tmp/localstack-s3-storage
-STOP_GRACE_S=10
+STOP_GRACE_S=5
 READY_TIMEOUT_S=120
 
 find_python() {

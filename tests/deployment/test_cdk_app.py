@@ -266,6 +266,60 @@ class TestArtifacts:
         template.resource_count_is("AWS::ECR::Repository", 2)
 
 
+class TestWhatLocalstackDrops:
+    """Properties LocalStack's CloudFormation accepts but drops (test_localstack.py cannot see
+    them): asserted here, on the AWS target's templates."""
+
+    def test_lifecycle_ownership_and_log_retention(self, tiny_deploy):
+        _, stacks, _ = tiny_deploy
+        artifacts = Template.from_stack(stacks.artifacts)
+        artifacts.has_resource_properties(
+            "AWS::S3::Bucket",
+            {
+                "LifecycleConfiguration": {
+                    "Rules": [Match.object_like({"NoncurrentVersionExpiration": {"NoncurrentDays": 30}})]
+                }
+            },
+        )
+        artifacts.has_resource_properties(
+            "AWS::S3::Bucket",
+            {
+                "LifecycleConfiguration": {"Rules": [Match.object_like({"ExpirationInDays": 90})]},
+                "OwnershipControls": {"Rules": [{"ObjectOwnership": "BucketOwnerPreferred"}]},
+            },
+        )
+        # the groups the localstack profile deploys too: the functions' and the API's access logs
+        groups = resources(
+            [Template.from_stack(stacks.api), *function_templates(stacks)], "AWS::Logs::LogGroup"
+        )
+        assert len(groups) == len(stacks.experts.images.config.plan.functions) + 1
+        assert {g["Properties"].get("RetentionInDays") for g in groups} == {30}
+
+    def test_security_group_rules_and_the_default_route(self, tiny_deploy):
+        _, stacks, _ = tiny_deploy
+        template = Template.from_stack(stacks.backbone)
+        template.has_resource_properties(
+            "AWS::EC2::SecurityGroup",
+            {
+                "SecurityGroupIngress": [
+                    Match.object_like({"FromPort": 80, "ToPort": 80, "CidrIp": Match.any_value()})
+                ],
+            },
+        )
+        template.has_resource_properties(
+            "AWS::EC2::SecurityGroupIngress", {"FromPort": 8000, "SourceSecurityGroupId": Match.any_value()}
+        )
+        template.has_resource_properties(
+            "AWS::EC2::SecurityGroupEgress",
+            {"FromPort": 8000, "DestinationSecurityGroupId": Match.any_value()},
+        )
+        routes = template.find_resources(
+            "AWS::EC2::Route", {"Properties": {"DestinationCidrBlock": "0.0.0.0/0"}}
+        )
+        targets = sorted(next(k for k in r["Properties"] if k.endswith("GatewayId")) for r in routes.values())
+        assert targets == ["GatewayId", "GatewayId", "NatGatewayId", "NatGatewayId"]
+
+
 class TestNag:
     def test_every_acknowledged_finding_states_a_reason(self, tiny_deploy):
         _, _, outdir = tiny_deploy
