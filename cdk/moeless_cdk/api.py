@@ -3,7 +3,8 @@
 ``POST /v1/completions`` (body checked against :data:`COMPLETION_SCHEMA` before it reaches the
 service, which checks it in full) and ``GET /healthz``; an API key with a usage plan (throttle
 and daily quota), JSON access logs, and a WAF web ACL with AWS's common rules and a per-IP rate
-limit.
+limit. On LocalStack (``moeless:target=localstack``) the routes call ``moeless:backboneUrl``
+directly, without the VPC link and the WAF, which the emulator lacks.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from constructs import Construct
 from moeless_cdk.backbone import BackboneStack
 from moeless_cdk.config import DeployConfig
 from moeless_cdk.nag import acknowledge
+from moeless_cdk.profile import left_out
 
 # JSON Schema draft 4 (API Gateway's dialect): the OpenAI completion fields the service accepts.
 COMPLETION_SCHEMA = apigw.JsonSchema(
@@ -89,19 +91,28 @@ class ApiStack(Stack):
                 "Policy::arn:<AWS::Partition>:iam::aws:policy/service-role/AmazonAPIGatewayPushToCloudWatchLogs"
             ],
         )
-        link = apigw.VpcLink(self, "VpcLink", targets=[backbone.load_balancer])
-        base = f"http://{backbone.load_balancer.load_balancer_dns_name}"
+        if config.backbone_url is not None:  # LocalStack: straight to a service on this machine
+            left_out(self, "VPC link", "WAF web ACL and its association")
+            acknowledge(
+                self.api,
+                "AwsSolutions-APIG3",
+                "LocalStack has no WAFv2 API; moeless:target=aws associates the web ACL with this stage",
+            )
+            base = config.backbone_url.rstrip("/")
+            connection = apigw.IntegrationOptions(timeout=Duration.seconds(29))
+        else:
+            link = apigw.VpcLink(self, "VpcLink", targets=[backbone.load_balancer])
+            base = f"http://{backbone.load_balancer.load_balancer_dns_name}"
+            connection = apigw.IntegrationOptions(
+                connection_type=apigw.ConnectionType.VPC_LINK, vpc_link=link, timeout=Duration.seconds(29)
+            )
 
         def proxy(method: str, path: str) -> apigw.Integration:
             return apigw.Integration(
                 type=apigw.IntegrationType.HTTP_PROXY,
                 integration_http_method=method,
                 uri=f"{base}{path}",
-                options=apigw.IntegrationOptions(
-                    connection_type=apigw.ConnectionType.VPC_LINK,
-                    vpc_link=link,
-                    timeout=Duration.seconds(29),
-                ),
+                options=connection,
             )
 
         validator = self.api.add_request_validator(
@@ -144,7 +155,8 @@ class ApiStack(Stack):
         )
         usage_plan.add_api_key(self.api_key)
         usage_plan.add_api_stage(stage=self.api.deployment_stage)
-        self._web_acl(config)
+        if not config.emulated:
+            self._web_acl(config)
         CfnOutput(self, "Endpoint", value=self.api.url)
         CfnOutput(self, "ApiKeyId", value=self.api_key.key_id)
 

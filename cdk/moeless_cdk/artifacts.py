@@ -1,5 +1,5 @@
 """Storage: the S3 bucket holding the package and plan, its access-log bucket, and the ECR
-repositories that pre-built images go to (``moeless:imageTag``)."""
+repositories that pre-built images go to (``moeless:imageTag``; none on LocalStack)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from constructs import Construct
 
 from moeless_cdk.config import DeployConfig
 from moeless_cdk.nag import acknowledge
+from moeless_cdk.profile import left_out
 
 IMAGES = ("expert", "backbone")
 
@@ -47,6 +48,12 @@ class ArtifactsStack(Stack):
             lifecycle_rules=[s3.LifecycleRule(noncurrent_version_expiration=Duration.days(30))],
             removal_policy=RemovalPolicy.RETAIN,
         )
+        CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
+        CfnOutput(self, "ArtifactsUri", value=config.artifacts_uri)
+        self.repositories: dict[str, ecr.Repository] = {}
+        if config.emulated:
+            left_out(self, "ECR repositories")
+            return
         self.repositories = {
             name: ecr.Repository(
                 self,
@@ -60,7 +67,5 @@ class ArtifactsStack(Stack):
             )
             for name in IMAGES
         }
-        CfnOutput(self, "BucketName", value=self.bucket.bucket_name)
-        CfnOutput(self, "ArtifactsUri", value=config.artifacts_uri)
         for name, repository in self.repositories.items():
             CfnOutput(self, f"{name.title()}RepositoryUri", value=repository.repository_uri)

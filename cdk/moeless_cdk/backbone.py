@@ -1,7 +1,9 @@
 """The GPU backbone: a VPC, an ECS cluster on EC2 GPU instances (ECS GPU-optimised AMI, one GPU
 per task), the service behind an internal Network Load Balancer with health checks, scaling on
 load. Its task role may invoke only this stage's expert aliases and change their provisioned
-concurrency (re-planning), and read the package.
+concurrency (re-planning), and read the package. On LocalStack only the VPC (no NAT gateway),
+the security groups and the task role are deployed: the emulator has no ECS, Auto Scaling or
+ELBv2, and ``moeless serve --local`` runs the service on this machine instead.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from moeless.contracts import environment as E
 from moeless_cdk.config import DeployConfig
 from moeless_cdk.images import backbone_image
 from moeless_cdk.nag import acknowledge, nag_form
+from moeless_cdk.profile import left_out
 
 SERVICE_PORT = 8000
 LISTENER_PORT = 80
@@ -29,7 +32,25 @@ START_GRACE = Duration.minutes(10)
 class BackboneStack(Stack):
     def __init__(self, scope: Construct, construct_id: str, config: DeployConfig, **kwargs) -> None:
         super().__init__(scope, construct_id, **kwargs)
-        self.vpc = ec2.Vpc(self, "Vpc", max_azs=config.max_azs, nat_gateways=1)
+        self.vpc = self._vpc(config)
+        self.task_role = self._task_role(config)
+        self.balancer_sg, self.service_sg = self._security_groups(config)
+        if config.emulated:
+            acknowledge(
+                self.vpc, "AwsSolutions-VPC7", "LocalStack has no flow logs; moeless:target=aws adds one"
+            )
+            left_out(
+                self,
+                "VPC flow log",
+                "security group rules between groups",
+                "ECS cluster, capacity provider, task definition and service",
+                "GPU Auto Scaling group and launch template",
+                "Network Load Balancer and target group",
+                "task scaling policy",
+                "NAT gateway and private subnets with egress",
+                "Lambda-backed custom resources (default security group restriction)",
+            )
+            return
         self.vpc.add_flow_log("FlowLog")
         self.cluster = ecs.Cluster(
             self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
@@ -37,6 +58,21 @@ class BackboneStack(Stack):
         self.capacity = self._gpu_capacity(config)
         self.task_definition = self._task_definition(config)
         self.load_balancer, self.service = self._service(config)
+
+    def _vpc(self, config: DeployConfig) -> ec2.Vpc:
+        if not config.emulated:
+            return ec2.Vpc(self, "Vpc", max_azs=config.max_azs, nat_gateways=1)
+        return ec2.Vpc(
+            self,
+            "Vpc",
+            max_azs=config.max_azs,
+            nat_gateways=0,
+            restrict_default_security_group=False,
+            subnet_configuration=[
+                ec2.SubnetConfiguration(name="Public", subnet_type=ec2.SubnetType.PUBLIC),
+                ec2.SubnetConfiguration(name="Isolated", subnet_type=ec2.SubnetType.PRIVATE_ISOLATED),
+            ],
+        )
 
     def _gpu_capacity(self, config: DeployConfig) -> ecs.AsgCapacityProvider:
         group = autoscaling.AutoScalingGroup(
@@ -80,7 +116,9 @@ class BackboneStack(Stack):
         return capacity
 
     def _task_definition(self, config: DeployConfig) -> ecs.Ec2TaskDefinition:
-        task = ecs.Ec2TaskDefinition(self, "Task", network_mode=ecs.NetworkMode.AWS_VPC)
+        task = ecs.Ec2TaskDefinition(
+            self, "Task", network_mode=ecs.NetworkMode.AWS_VPC, task_role=self.task_role
+        )
         task.add_container(
             "backbone",
             image=backbone_image(self, config),
@@ -110,6 +148,23 @@ class BackboneStack(Stack):
             "AwsSolutions-ECS2",
             "the environment holds only S3 locations, a name prefix and switches; no secrets",
         )
+        acknowledge(
+            task.obtain_execution_role(),
+            "AwsSolutions-IAM5",
+            "ecr:GetAuthorizationToken has no resource-level permissions (AWS requires Resource *)",
+            findings=["Resource::*"],
+        )
+        return task
+
+    def _task_role(self, config: DeployConfig) -> iam.Role:
+        """The service's role: invoke this stage's expert aliases, change their concurrency
+        (re-planning), read this stage's package and plan."""
+        role = iam.Role(
+            self,
+            "TaskRole",
+            assumed_by=iam.ServicePrincipal("ecs-tasks.amazonaws.com"),
+            description=f"moeless {config.stage} backbone service",
+        )
         stage_objects = config.objects_arn(f"{config.stage}/*")
         statements = {
             config.functions_arn(f":{E.ALIAS}"): [
@@ -126,23 +181,18 @@ class BackboneStack(Stack):
             stage_objects: ["s3:GetObject"],
         }
         for resource, actions in statements.items():
-            task.add_to_task_role_policy(iam.PolicyStatement(actions=actions, resources=[resource]))
+            role.add_to_policy(iam.PolicyStatement(actions=actions, resources=[resource]))
         acknowledge(
-            task.task_role,
+            role,
             "AwsSolutions-IAM5",
             "names only this stage's expert functions (by their common prefix: one statement for any "
             "plan size, as IAM policies are capped at 10 KB) and this stage's package by key prefix",
             findings=[f"Resource::{nag_form(arn)}" for arn in statements],
         )
-        acknowledge(
-            task.obtain_execution_role(),
-            "AwsSolutions-IAM5",
-            "ecr:GetAuthorizationToken has no resource-level permissions (AWS requires Resource *)",
-            findings=["Resource::*"],
-        )
-        return task
+        return role
 
-    def _service(self, config: DeployConfig) -> tuple[elbv2.NetworkLoadBalancer, ecs.Ec2Service]:
+    def _security_groups(self, config: DeployConfig) -> tuple[ec2.SecurityGroup, ec2.SecurityGroup]:
+        """The load balancer's (from the VPC only, to the tasks only) and the tasks' (from it)."""
         balancer_sg = ec2.SecurityGroup(self, "BalancerSg", vpc=self.vpc, allow_all_outbound=False)
         balancer_sg.add_ingress_rule(
             ec2.Peer.ipv4(self.vpc.vpc_cidr_block), ec2.Port.tcp(LISTENER_PORT), "API Gateway VPC link"
@@ -154,15 +204,20 @@ class BackboneStack(Stack):
             "the rule cannot read a CIDR given as a reference",
         )
         service_sg = ec2.SecurityGroup(self, "ServiceSg", vpc=self.vpc)
+        if config.emulated:
+            return balancer_sg, service_sg
         service_sg.add_ingress_rule(balancer_sg, ec2.Port.tcp(SERVICE_PORT), "from the load balancer")
         balancer_sg.add_egress_rule(service_sg, ec2.Port.tcp(SERVICE_PORT), "to the backbone tasks")
+        return balancer_sg, service_sg
+
+    def _service(self, config: DeployConfig) -> tuple[elbv2.NetworkLoadBalancer, ecs.Ec2Service]:
         service = ecs.Ec2Service(
             self,
             "Service",
             cluster=self.cluster,
             task_definition=self.task_definition,
             desired_count=1,
-            security_groups=[service_sg],
+            security_groups=[self.service_sg],
             capacity_provider_strategies=[
                 ecs.CapacityProviderStrategy(capacity_provider=self.capacity.capacity_provider_name, weight=1)
             ],
@@ -171,7 +226,7 @@ class BackboneStack(Stack):
             min_healthy_percent=100,
         )
         balancer = elbv2.NetworkLoadBalancer(
-            self, "Balancer", vpc=self.vpc, internet_facing=False, security_groups=[balancer_sg]
+            self, "Balancer", vpc=self.vpc, internet_facing=False, security_groups=[self.balancer_sg]
         )
         acknowledge(
             balancer,

@@ -15,6 +15,10 @@ Context keys (``cdk.json`` holds the defaults; ``moeless deploy`` and ``-c KEY=V
     moeless:throttleRateLimit      API requests per second (usage plan)
     moeless:throttleBurstLimit     API burst (usage plan)
     moeless:quotaPerDay            API requests per key per day (usage plan)
+    moeless:target                 ``aws`` (default), or ``localstack``: the profile an emulator can
+                                   run (see :mod:`moeless_cdk.profile`)
+    moeless:backboneUrl            with ``localstack``: where the API's routes send requests (a
+                                   backbone service on this machine, e.g. ``moeless serve --local``)
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from moeless.contracts.manifest import Manifest, load_manifest
 from moeless.contracts.plan import Plan, plan_for
 from moeless.deployment.stage import StageNameError, StageNames, check_stage
 from moeless.errors import MoelessError
+from moeless_cdk.profile import Target
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 EXPERT_CODES = ("s3", "image")
@@ -57,6 +62,8 @@ class DeployConfig:
     throttle_burst_limit: int = 100
     quota_per_day: int = 100_000
     expert_timeout_s: int = 60
+    target: Target = Target.AWS
+    backbone_url: str | None = None
 
     def __post_init__(self) -> None:
         try:
@@ -67,6 +74,16 @@ class DeployConfig:
             raise DeployConfigError(
                 f"moeless:expertCode must be one of {EXPERT_CODES}, not {self.expert_code!r}"
             )
+        if (self.target is Target.LOCALSTACK) != (self.backbone_url is not None):
+            raise DeployConfigError(
+                "moeless:backboneUrl goes with moeless:target=localstack, and only with it: the "
+                "emulator's API sends requests to that URL (on AWS, to the backbone's load balancer)"
+            )
+
+    @property
+    def emulated(self) -> bool:
+        """Whether this is the LocalStack profile (see :data:`moeless_cdk.profile.LEFT_OUT_ON_LOCALSTACK`)."""
+        return self.target is Target.LOCALSTACK
 
     @property
     def names(self) -> StageNames:
@@ -103,6 +120,15 @@ def regional_arn(service: str, resource: str) -> str:
     return f"arn:{Aws.PARTITION}:{service}:{Aws.REGION}:{Aws.ACCOUNT_ID}:{resource}"
 
 
+def _target(value: str) -> Target:
+    try:
+        return Target(value)
+    except ValueError:
+        raise DeployConfigError(
+            f"moeless:target must be one of {[t.value for t in Target]}, not {value!r}"
+        ) from None
+
+
 def _required(context: Callable[[str], Any], key: str) -> Any:
     value = context(key)
     if value in (None, ""):
@@ -114,7 +140,7 @@ def _required(context: Callable[[str], Any], key: str) -> Any:
 
 
 # context key -> (DeployConfig field, type); an absent key leaves the field's default.
-_CONTEXT_FIELDS = {
+_CONTEXT_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "moeless:stage": ("stage", str),
     "moeless:expertCode": ("expert_code", str),
     "moeless:imageTag": ("image_tag", str),
@@ -124,6 +150,8 @@ _CONTEXT_FIELDS = {
     "moeless:throttleRateLimit": ("throttle_rate_limit", float),
     "moeless:throttleBurstLimit": ("throttle_burst_limit", int),
     "moeless:quotaPerDay": ("quota_per_day", int),
+    "moeless:target": ("target", _target),
+    "moeless:backboneUrl": ("backbone_url", str),
 }
 
 

@@ -4,7 +4,8 @@ stacks so that any plan fits CloudFormation's 500 resources per stack.
 Each function gets the plan's memory size, its reserved concurrency, and an alias ``live`` on a
 published version, carrying the plan's provisioned concurrency when it gives some (the backbone
 invokes the alias, and re-planning changes its provisioned concurrency). All functions share one
-least-privilege role: write their own log groups, read the package's objects.
+least-privilege role: write their own log groups, read the package's objects. On LocalStack only
+the role and the log groups are deployed (see :mod:`moeless_cdk.profile`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from moeless.contracts.plan import FunctionSpec
 from moeless_cdk.config import DeployConfig, regional_arn
 from moeless_cdk.images import ExpertImages
 from moeless_cdk.nag import acknowledge, nag_form
+from moeless_cdk.profile import left_out
 
 # Function, log group, version and alias per plan function; a margin under CloudFormation's 500.
 RESOURCES_PER_FUNCTION = 4
@@ -63,6 +65,15 @@ class ExpertShard(NestedStack):
         self.functions: dict[str, lambda_.DockerImageFunction] = {}
         self.aliases: dict[str, lambda_.Alias] = {}
         for spec in specs:
+            log_group = logs.LogGroup(
+                self,
+                f"{spec.name}-logs",
+                log_group_name=f"/aws/lambda/{spec.name}",
+                retention=LOG_RETENTION,
+                removal_policy=RemovalPolicy.DESTROY,
+            )
+            if config.emulated:
+                continue
             function = lambda_.DockerImageFunction(
                 self,
                 spec.name,
@@ -74,13 +85,7 @@ class ExpertShard(NestedStack):
                 reserved_concurrent_executions=spec.reserved_concurrency,
                 architecture=lambda_.Architecture.X86_64,
                 role=role,
-                log_group=logs.LogGroup(
-                    self,
-                    f"{spec.name}-logs",
-                    log_group_name=f"/aws/lambda/{spec.name}",
-                    retention=LOG_RETENTION,
-                    removal_policy=RemovalPolicy.DESTROY,
-                ),
+                log_group=log_group,
                 environment=environment(spec, config),
                 description=f"moeless {config.stage}: {len(spec.experts)} expert(s) of the plan",
             )
@@ -125,6 +130,8 @@ class ExpertsStack(Stack):
             findings=[f"Resource::{nag_form(arn)}" for arn in readable],
         )
         self.images = ExpertImages(self, config)
+        if config.emulated:
+            left_out(self, "expert functions, their versions and aliases")
         specs = config.deployed_plan.functions
         self.shards = [
             ExpertShard(

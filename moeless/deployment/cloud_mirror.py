@@ -8,7 +8,8 @@ real AWS API implementation without an account. Every call is get-or-create: a r
 
 What emulators lack is said, not faked: moto implements no provisioned-concurrency calls and
 runs no container-image function without Docker, so provisioned concurrency is applied to the
-local Lambda host (which serves the invokes) and reported as such.
+local Lambda host (which serves the invokes) and reported as such. An API the emulator does not
+implement at all (LocalStack's core answers ECR calls with 501) is skipped and reported too.
 """
 
 from __future__ import annotations
@@ -50,6 +51,11 @@ def _exists(exc: Exception) -> bool:
         "ResourceConflictException",
         "ConflictException",
     }
+
+
+def _not_emulated(exc: Exception) -> bool:
+    """The emulator has no such API (HTTP 501), as LocalStack's core answers for ECR."""
+    return getattr(exc, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode") == 501
 
 
 def mirror_deployment(
@@ -101,6 +107,12 @@ def mirror_deployment(
         try:
             ecr.create_repository(repositoryName=name, imageScanningConfiguration={"scanOnPush": True})
         except ClientError as exc:
+            if _not_emulated(exc):
+                report.notes.append(
+                    "image repositories are not created: the emulator has no ECR API (the "
+                    "functions name the image they would run)"
+                )
+                break
             if not _exists(exc):
                 raise
         report.repositories.append(name)

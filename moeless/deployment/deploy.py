@@ -34,7 +34,9 @@ class DeployError(MoelessError):
 
 @dataclass
 class DeployRequest:
-    """One deployment of a package with a plan. ``context`` adds ``moeless:*`` CDK context keys."""
+    """One deployment of a package with a plan. ``context`` adds ``moeless:*`` CDK context keys;
+    ``assembly``, a cloud assembly :func:`synthesize` wrote, is deployed as it is instead of
+    running the app again for each CDK command (its context is then the one it was made with)."""
 
     artifacts: Path
     plan: Path | None = None
@@ -42,6 +44,7 @@ class DeployRequest:
     profile: str | None = None
     cdk_dir: Path = CDK_APP_DIR
     context: dict[str, Any] = field(default_factory=dict)
+    assembly: Path | None = None
 
     @property
     def names(self) -> StageNames:
@@ -96,16 +99,11 @@ def cdk_cli(cdk_dir: Path) -> Path:
 
 def cdk_command(request: DeployRequest, verb: str, stacks: list[str], *extra: str) -> list[str]:
     """The ``cdk`` command line for ``verb`` on ``stacks`` with this deployment's context."""
-    command = [
-        str(cdk_cli(request.cdk_dir)),
-        verb,
-        *stacks,
-        "--app",
-        f"{sys.executable} app.py",
-        "--no-notices",
-    ]
-    for key, value in request.app_context().items():
-        command += ["-c", f"{key}={value}"]
+    app = str(Path(request.assembly).resolve()) if request.assembly else f"{sys.executable} app.py"
+    command = [str(cdk_cli(request.cdk_dir)), verb, *stacks, "--app", app, "--no-notices"]
+    if not request.assembly:
+        for key, value in request.app_context().items():
+            command += ["-c", f"{key}={value}"]
     if request.profile:
         command += ["--profile", request.profile]
     return command + list(extra)

@@ -33,6 +33,7 @@ from moeless_cdk import MoelessStacks, build_app  # noqa: E402
 from moeless_cdk.api import COMPLETION_SCHEMA  # noqa: E402
 from moeless_cdk.config import DeployConfig, DeployConfigError, config_from_context  # noqa: E402
 from moeless_cdk.experts import FUNCTIONS_PER_SHARD  # noqa: E402
+from moeless_cdk.profile import LEFT_OUT_ON_LOCALSTACK, Target  # noqa: E402
 
 CDK_JSON = json.loads((REPO_ROOT / "cdk" / "cdk.json").read_text())
 CFN_RESOURCES_PER_STACK = 500
@@ -265,6 +266,60 @@ class TestArtifacts:
         template.resource_count_is("AWS::ECR::Repository", 2)
 
 
+class TestWhatLocalstackDrops:
+    """Properties LocalStack's CloudFormation accepts but drops (test_localstack.py cannot see
+    them): asserted here, on the AWS target's templates."""
+
+    def test_lifecycle_ownership_and_log_retention(self, tiny_deploy):
+        _, stacks, _ = tiny_deploy
+        artifacts = Template.from_stack(stacks.artifacts)
+        artifacts.has_resource_properties(
+            "AWS::S3::Bucket",
+            {
+                "LifecycleConfiguration": {
+                    "Rules": [Match.object_like({"NoncurrentVersionExpiration": {"NoncurrentDays": 30}})]
+                }
+            },
+        )
+        artifacts.has_resource_properties(
+            "AWS::S3::Bucket",
+            {
+                "LifecycleConfiguration": {"Rules": [Match.object_like({"ExpirationInDays": 90})]},
+                "OwnershipControls": {"Rules": [{"ObjectOwnership": "BucketOwnerPreferred"}]},
+            },
+        )
+        # the groups the localstack profile deploys too: the functions' and the API's access logs
+        groups = resources(
+            [Template.from_stack(stacks.api), *function_templates(stacks)], "AWS::Logs::LogGroup"
+        )
+        assert len(groups) == len(stacks.experts.images.config.plan.functions) + 1
+        assert {g["Properties"].get("RetentionInDays") for g in groups} == {30}
+
+    def test_security_group_rules_and_the_default_route(self, tiny_deploy):
+        _, stacks, _ = tiny_deploy
+        template = Template.from_stack(stacks.backbone)
+        template.has_resource_properties(
+            "AWS::EC2::SecurityGroup",
+            {
+                "SecurityGroupIngress": [
+                    Match.object_like({"FromPort": 80, "ToPort": 80, "CidrIp": Match.any_value()})
+                ],
+            },
+        )
+        template.has_resource_properties(
+            "AWS::EC2::SecurityGroupIngress", {"FromPort": 8000, "SourceSecurityGroupId": Match.any_value()}
+        )
+        template.has_resource_properties(
+            "AWS::EC2::SecurityGroupEgress",
+            {"FromPort": 8000, "DestinationSecurityGroupId": Match.any_value()},
+        )
+        routes = template.find_resources(
+            "AWS::EC2::Route", {"Properties": {"DestinationCidrBlock": "0.0.0.0/0"}}
+        )
+        targets = sorted(next(k for k in r["Properties"] if k.endswith("GatewayId")) for r in routes.values())
+        assert targets == ["GatewayId", "GatewayId", "NatGatewayId", "NatGatewayId"]
+
+
 class TestNag:
     def test_every_acknowledged_finding_states_a_reason(self, tiny_deploy):
         _, _, outdir = tiny_deploy
@@ -312,6 +367,118 @@ class TestConfig:
             DeployConfig(
                 artifacts=artifacts, manifest=load_manifest(artifacts), plan=tiny_plan(artifacts), stage=stage
             )
+
+
+@pytest.fixture(scope="module")
+def profile(tiny, tmp_path_factory) -> tuple[MoelessStacks, Path]:
+    """The tiny plan synthesised with ``moeless:target=localstack``."""
+    artifacts = tiny.package()
+    config = DeployConfig(
+        artifacts=artifacts,
+        manifest=load_manifest(artifacts),
+        plan=tiny_plan(artifacts),
+        target=Target.LOCALSTACK,
+        backbone_url="http://127.0.0.1:8000/",
+    )
+    return synth(config, tmp_path_factory.mktemp("cdk-localstack"))
+
+
+class TestLocalstackProfile:
+    """``moeless:target=localstack``: what LocalStack cannot run is absent, the rest as on AWS.
+    (test_localstack.py deploys it and reads each type back through the service APIs.)"""
+
+    def test_localstack_profile_synthesises_none_of_what_localstack_cannot_run(self, profile):
+        stacks, outdir = profile
+        types = {
+            resource["Type"]
+            for path in outdir.glob("*.template.json")
+            for resource in json.loads(path.read_text()).get("Resources", {}).values()
+        }
+        absent = {
+            "AWS::ECR::Repository",
+            "AWS::Lambda::Function",
+            "AWS::Lambda::Version",
+            "AWS::Lambda::Alias",
+            "AWS::ECS::Cluster",
+            "AWS::ECS::TaskDefinition",
+            "AWS::ECS::Service",
+            "AWS::AutoScaling::AutoScalingGroup",
+            "AWS::EC2::LaunchTemplate",
+            "AWS::ElasticLoadBalancingV2::LoadBalancer",
+            "AWS::ApplicationAutoScaling::ScalingPolicy",
+            "AWS::EC2::NatGateway",
+            "AWS::EC2::FlowLog",
+            "AWS::EC2::SecurityGroupIngress",
+            "AWS::EC2::SecurityGroupEgress",
+            "AWS::ApiGateway::VpcLink",
+            "AWS::WAFv2::WebACL",
+            "AWS::WAFv2::WebACLAssociation",
+        }
+        assert not types & absent
+        assert not [t for t in types if t.startswith("Custom::")]
+        assert not [p for p in outdir.glob("*.assets.json") if json.loads(p.read_text()).get("dockerImages")]
+        # the Experts stack keeps the functions' role and one log group per plan function
+        Template.from_stack(stacks.experts).resource_count_is("AWS::IAM::Role", 1)
+        groups = resources(function_templates(stacks), "AWS::Logs::LogGroup")
+        assert sorted(g["Properties"]["LogGroupName"] for g in groups) == sorted(
+            f"/aws/lambda/{spec.name}" for spec in stacks.experts.images.config.deployed_plan.functions
+        )
+
+    def test_localstack_profile_names_what_it_leaves_out(self, profile):
+        stacks, _ = profile
+        infos = [
+            entry.data
+            for stack in (stacks.artifacts, stacks.experts, stacks.backbone, stacks.api)
+            for entry in stack.node.metadata
+            if entry.type == "aws:cdk:info"
+        ]
+        said = " ".join(str(info) for info in infos)
+        for name in LEFT_OUT_ON_LOCALSTACK:
+            assert f"leaves out {name}:" in said, name
+
+    def test_localstack_routes_call_the_backbone_url_directly(self, profile):
+        stacks, _ = profile
+        template = Template.from_stack(stacks.api)
+        for method, path in (("POST", "/v1/completions"), ("GET", "/healthz")):
+            template.has_resource_properties(
+                "AWS::ApiGateway::Method",
+                {
+                    "HttpMethod": method,
+                    "ApiKeyRequired": True,
+                    "Integration": {
+                        "Type": "HTTP_PROXY",
+                        "IntegrationHttpMethod": method,
+                        "Uri": f"http://127.0.0.1:8000{path}",
+                        "ConnectionType": Match.absent(),
+                        "TimeoutInMillis": 29000,
+                    },
+                },
+            )
+        template.resource_count_is("AWS::ApiGateway::UsagePlan", 1)
+        template.resource_count_is("AWS::ApiGateway::RequestValidator", 1)
+
+    @pytest.mark.parametrize(
+        ("target", "url", "match"),
+        [
+            pytest.param(Target.LOCALSTACK, None, "moeless:backboneUrl", id="localstack-without-url"),
+            pytest.param(Target.AWS, "http://127.0.0.1:8000", "moeless:backboneUrl", id="url-on-aws"),
+        ],
+    )
+    def test_localstack_target_and_backbone_url_go_together(self, tiny, target, url, match):
+        artifacts = tiny.package()
+        with pytest.raises(DeployConfigError, match=match):
+            DeployConfig(
+                artifacts=artifacts,
+                manifest=load_manifest(artifacts),
+                plan=tiny_plan(artifacts),
+                target=target,
+                backbone_url=url,
+            )
+
+    def test_an_unknown_target_is_refused_in_one_line(self, tiny):
+        context = {"moeless:artifacts": str(tiny.package()), "moeless:target": "gcp"}
+        with pytest.raises(DeployConfigError, match=r"moeless:target must be one of \['aws', 'localstack'\]"):
+            config_from_context(context.get)
 
 
 def test_baked_images_hold_only_their_functions_experts(tiny, tmp_path):

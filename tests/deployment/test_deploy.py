@@ -343,29 +343,3 @@ def test_deploy_local_mirrors_to_moto_and_serves_until_sigterm(tiny, moto_url, s
         _out, err = process.communicate(timeout=60)
     assert process.returncode == 0, err
     assert "emulator at" in err
-
-
-def localstack_url() -> str | None:
-    """LOCALSTACK_ENDPOINT, else LocalStack's default port on this machine, if it answers."""
-    import os
-    import urllib.request
-
-    url = os.environ.get("LOCALSTACK_ENDPOINT", "http://127.0.0.1:4566")
-    try:
-        with urllib.request.urlopen(f"{url}/_localstack/health", timeout=2) as response:
-            return url if response.status == 200 else None
-    except OSError:
-        return None
-
-
-def test_mirror_against_localstack(tiny, session):
-    url = localstack_url()
-    if url is None:
-        pytest.skip(
-            "LocalStack is not reachable (it needs Docker, which this machine lacks): start it with "
-            "localstack/docker-compose.yml, or set LOCALSTACK_ENDPOINT"
-        )
-    artifacts = tiny.package()
-    report = mirror_deployment(session, artifacts, planned(artifacts), "ls", "http://127.0.0.1:8000", url)
-    lam = session.client("lambda", endpoint_url=url)
-    assert {f["FunctionName"] for f in lam.list_functions()["Functions"]} >= set(report.functions)
