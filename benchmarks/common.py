@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from moeless.model.training import TrainSpec, trained_model
 
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
+
+
+def load_prompts(count: int) -> list[str]:
+    """``count`` prompts for the serving benchmarks: ../shared/data/prompts/dev.jsonl (cut to 300
+    characters, without the gsm8k test set) when it exists, else the demo's, cycled."""
+    from moeless.demo.prompts import DEMO_PROMPTS
+
+    path = SHARED / "prompts" / "dev.jsonl"
+    if path.is_file():
+        rows = [json.loads(line) for line in path.read_text().splitlines()[: count * 4]]
+        prompts = [r["prompt"][:300] for r in rows if r.get("source") != "gsm8k_test"]
+    else:
+        prompts = list(DEMO_PROMPTS)
+    return [prompts[i % len(prompts)] for i in range(count)]
 
 
 def bench_model() -> Path:

@@ -37,12 +37,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
-from common import tiny_mixtral
+from common import load_prompts, tiny_mixtral
 
 from backbone_service.local import running_service
 from moeless.contracts.manifest import load_manifest
 from moeless.contracts.plan import one_function_per_expert
-from moeless.demo.prompts import DEMO_PROMPTS
 from moeless.lambda_host.experts import start_expert_host
 from moeless.model.reference import eos_token_ids
 from moeless.serving.backbone import Backbone, BackboneConfig, resolve_device
@@ -53,15 +52,6 @@ WORKDIR = REPO / ".moeless" / "bench" / "serve-mixtral"
 SHARED_PROMPTS = REPO.parent / "shared" / "data" / "prompts" / "dev.jsonl"
 EXPERT_ROOT = REPO / "functions" / "expert"
 MAX_TOKENS = 24
-
-
-def load_prompts(count: int) -> list[str]:
-    if SHARED_PROMPTS.is_file():
-        rows = [json.loads(line) for line in SHARED_PROMPTS.read_text().splitlines()[: count * 4]]
-        prompts = [r["prompt"][:300] for r in rows if r.get("source") != "gsm8k_test"]
-    else:
-        prompts = list(DEMO_PROMPTS)
-    return [prompts[i % len(prompts)] for i in range(count)]
 
 
 def summarise(records: list[tuple[float, list[float]]], wall_s: float) -> dict[str, float]:

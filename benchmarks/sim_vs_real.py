@@ -47,7 +47,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from common import tiny_mixtral
+from common import load_prompts, tiny_mixtral
 
 from backbone_service.local import running_service
 from moeless.contracts.manifest import Manifest, load_manifest
@@ -71,16 +71,6 @@ PATTERN = "bursty:0.6:1.8:60"  # 36 s at 1.08/s, then 30 s at 0.12/s, every minu
 MAX_TOKENS = 16
 MAX_BATCH = 16
 IDLE_TIMEOUT_S = 20.0  # host and simulator: short enough that the quiet half-minutes cool experts down
-
-
-def load_prompts(count: int) -> list[str]:
-    """``count`` prompts: ../shared/data/prompts/dev.jsonl (cut to 300 characters) or the demo's."""
-    if SHARED_PROMPTS.is_file():
-        rows = [json.loads(line) for line in SHARED_PROMPTS.read_text().splitlines()[: count * 4]]
-        prompts = [r["prompt"][:300] for r in rows if r.get("source") != "gsm8k_test"]
-    else:
-        prompts = list(DEMO_PROMPTS)
-    return [prompts[i % len(prompts)] for i in range(count)]
 
 
 def pct(values: list[float], q: float) -> float:
