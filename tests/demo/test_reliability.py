@@ -161,9 +161,9 @@ def test_demo_cleans_up_every_process_on_ctrl_c(tmp_path):
                 break
         assert children, "the demo never reached serving: " + process.stdout.read()[-2000:]
         process.send_signal(signal.SIGINT)
-        process.communicate(timeout=120)
+        out, err = process.communicate(timeout=120)
     finally:
         if process.poll() is None:
             process.kill()
-    assert process.returncode != 0
+    assert process.returncode != 0, f"the demo went on after Ctrl-C:\n{err[-3000:]}\n{out[-1500:]}"
     assert not _all_gone(children), "processes outlived the demo after Ctrl-C"
