@@ -256,6 +256,7 @@ class Simulator:
         self._prewarm_rng = np.random.default_rng(prewarm.seed if prewarm else 0)
         self._spread_rng = np.random.default_rng(seed + 1)
         self.functions: dict[str, _Function] = {}
+        self._served = np.zeros((len(self.layers), routing.num_experts), np.int64)  # tokens per expert
         self._initialising: list[float] = []  # when each cold start in progress ends (all functions)
         self.replans = -1
         self._provisioned_usd = 0.0
@@ -381,6 +382,10 @@ class Simulator:
             active[loop] = [s for s in active[loop] if math.isnan(finished_at[s.index])]
             heapq.heappush(events, (done, tiebreak, loop, 0))
         bar.close()
+        result.tokens_served = {
+            (self.layers[i], int(e)): int(self._served[i, e])
+            for i, e in zip(*np.nonzero(self._served), strict=True)
+        }
         result.replans = self.replans
         result.request_latency_ms = [
             (finished_at[i] - r.arrival_s) * 1e3
@@ -453,9 +458,7 @@ class Simulator:
         layer = self.layers[index]
         row = step.counts[index]
         needed = np.flatnonzero(row)
-        for expert in needed:
-            key = (layer, int(expert))
-            result.tokens_served[key] = result.tokens_served.get(key, 0) + int(row[expert])
+        self._served[index] += row
         if self.serverful:
             moe_ms = self._gpu_experts_ms(len(needed), int(row.sum()))
         else:
