@@ -40,7 +40,7 @@ MODELS = {
     "gpt-oss-120b": (ROUTING / "gptoss20b_decode.loads.json", True),
     "deepseek-v3": (ROUTING / "olmoe_c4.json", True),
 }
-RATES = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0)
+RATES = (0.01, 0.1, 1.0, 10.0)
 POLICIES = ("static", "moeless", "remoe", "oracle")
 
 
