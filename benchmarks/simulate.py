@@ -144,8 +144,10 @@ def plot(rows: list[dict], models: list[str], path: Path) -> None:
                 for r in rows
                 if r["model"] == model and r["policy"] == policy
             )
-            if points:
-                ax.plot(*zip(*points, strict=True), marker="o", label=policy)
+            if points:  # one colour per policy in every panel, whichever policies a panel has
+                ax.plot(
+                    *zip(*points, strict=True), marker="o", label=policy, color=f"C{POLICIES.index(policy)}"
+                )
         ax.set(xscale="log", yscale="log", title=model, xlabel="requests / s", ylabel="$ per 1k requests")
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
