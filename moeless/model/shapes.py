@@ -364,6 +364,21 @@ _GPT_OSS_20B: dict[str, Any] = {
     "torch_dtype": "bfloat16",
 }
 
+# the keys Qwen3-30B-A3B's and Qwen3-235B-A22B's config.json share
+_QWEN3_MOE: dict[str, Any] = {
+    "model_type": "qwen3_moe",
+    "num_key_value_heads": 4,
+    "head_dim": 128,
+    "num_experts": 128,
+    "num_experts_per_tok": 8,
+    "decoder_sparse_step": 1,
+    "mlp_only_layers": [],
+    "vocab_size": 151936,
+    "tie_word_embeddings": False,
+    "attention_bias": False,
+    "torch_dtype": "bfloat16",
+}
+
 # The relevant keys of each model's published config.json (huggingface.co/<repo>/blob/main/config.json),
 # as they read there. Totals from them, checked in tests/model/test_shapes.py against the published
 # figures: Mixtral 46.7B/12.9B (mistral.ai, "Mixtral of experts"), OLMoE 6.9B/1.3B (OLMoE paper),
@@ -418,44 +433,24 @@ _PRESET_CONFIGS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "qwen3-30b-a3b": (
         "Qwen/Qwen3-30B-A3B",
-        {
-            "model_type": "qwen3_moe",
+        _QWEN3_MOE
+        | {
             "hidden_size": 2048,
             "intermediate_size": 6144,
             "moe_intermediate_size": 768,
             "num_hidden_layers": 48,
             "num_attention_heads": 32,
-            "num_key_value_heads": 4,
-            "head_dim": 128,
-            "num_experts": 128,
-            "num_experts_per_tok": 8,
-            "decoder_sparse_step": 1,
-            "mlp_only_layers": [],
-            "vocab_size": 151936,
-            "tie_word_embeddings": False,
-            "attention_bias": False,
-            "torch_dtype": "bfloat16",
         },
     ),
     "qwen3-235b-a22b": (
         "Qwen/Qwen3-235B-A22B",
-        {
-            "model_type": "qwen3_moe",
+        _QWEN3_MOE
+        | {
             "hidden_size": 4096,
             "intermediate_size": 12288,
             "moe_intermediate_size": 1536,
             "num_hidden_layers": 94,
             "num_attention_heads": 64,
-            "num_key_value_heads": 4,
-            "head_dim": 128,
-            "num_experts": 128,
-            "num_experts_per_tok": 8,
-            "decoder_sparse_step": 1,
-            "mlp_only_layers": [],
-            "vocab_size": 151936,
-            "tie_word_embeddings": False,
-            "attention_bias": False,
-            "torch_dtype": "bfloat16",
         },
     ),
     "deepseek-v3": (
