@@ -68,7 +68,9 @@ stop() {
     [ "$S3_STORE_WAS_THERE" = 1 ] || rm -rf "$S3_STORE"
 }
 # The command runs in the background so that a signal stops LocalStack at once; it is passed on
-# as SIGTERM (a background job of a script ignores SIGINT).
+# as SIGTERM. A background job of a script starts with SIGINT ignored, and so would every process
+# it starts (the tests that press Ctrl-C on a demo would find it deaf): the command is exec'd with
+# SIGINT back to its default.
 interrupted() {
     [ -z "$COMMAND_PID" ] || kill -TERM "$COMMAND_PID" 2>/dev/null || true
     exit "$1"
@@ -97,7 +99,10 @@ until "$VENV/bin/python" -c "import urllib.request; urllib.request.urlopen('$URL
 done
 echo "with_localstack: LocalStack $URL ready in $((SECONDS - started)) s (log: $LOG)" >&2
 
-MOELESS_TEST_LOCALSTACK="$URL" "$@" &
+MOELESS_TEST_LOCALSTACK="$URL" "$VENV/bin/python" -c '
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+os.execvp(sys.argv[1], sys.argv[1:])' "$@" &
 COMMAND_PID=$!
 rc=0
 wait "$COMMAND_PID" || rc=$?
