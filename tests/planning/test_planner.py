@@ -79,7 +79,8 @@ def test_lpt_is_within_five_percent_of_the_optimum_on_average():
     for times in instances:
         times = [max(1, int(t)) for t in times]
         _, heuristic = lpt([float(t) for t in times], 4)
-        gaps.append(heuristic / optimal_makespan(times, 4) - 1)
+        # the optimum, or where CP-SAT cannot prove it in 5 s its lower bound (the gap only grows)
+        gaps.append(heuristic / optimal_makespan(times, 4, time_limit_s=5.0, bound_ok=True) - 1)
     assert float(np.mean(gaps)) <= 0.05, f"mean gap {np.mean(gaps):.3%}, worst {max(gaps):.3%}"
     assert max(gaps) <= 1 / 3  # LPT's worst case on 4 workers is 4/3 - 1/12
 
