@@ -24,7 +24,6 @@ from moeless.model.tiny import TINY_ARCHS, TinySpec, tiny_config
 from moeless.serving.coalesce import StepCoalescer
 from moeless.serving.decode_batch import DecodeBatch, row_of, stack_rows
 from moeless.serving.generation import GenerationEngine, SamplingParams
-from tests.lambda_helpers import wait_for
 
 TIE_TOL = 1e-4
 # 1 to 171 tokens (tiny tokenizer): the 55-token prompt crosses GPT-OSS's 64-token sliding
@@ -77,18 +76,26 @@ def engine_tokens(sequence, eos: int) -> list[int]:
 
 
 def run_staggered(engine: GenerationEngine, tokenizer, prompts: list[str], max_tokens: list[int]):
-    """Half the prompts at once; the rest join once the first has decoded 3 tokens (mid-run)."""
+    """Half the prompts at once; the rest join mid-run: submitted from the engine's own loop as the
+    first sequence streams its first text (or ends), so they join at the next step boundary
+    whatever the machine's speed."""
     half = len(prompts) // 2
+    joined = threading.Event()
+    rest: list = []
 
-    def submit(i: int):
+    def submit(i: int, on_event=lambda e: None):
         return engine.submit(
-            tokenizer(prompts[i])["input_ids"], SamplingParams(max_tokens[i], temperature=0.0), lambda e: None
+            tokenizer(prompts[i])["input_ids"], SamplingParams(max_tokens[i], temperature=0.0), on_event
         )
 
-    sequences = [submit(i) for i in range(half)]
-    wait_for(lambda: len(sequences[0].generated) >= 3 or sequences[0].done.is_set())
-    assert not all(s.done.is_set() for s in sequences), "the first half finished before the second joined"
-    sequences += [submit(i) for i in range(half, len(prompts))]
+    def join_the_rest(event) -> None:
+        if not rest:  # the engine's loop thread calls this, one event at a time
+            rest.extend(submit(i) for i in range(half, len(prompts)))
+            joined.set()
+
+    sequences = [submit(0, join_the_rest)] + [submit(i) for i in range(1, half)]
+    assert joined.wait(120), "the first sequence never streamed"
+    sequences += rest
     for sequence in sequences:
         assert sequence.done.wait(120), "generation did not finish"
         assert sequence.error is None, sequence.error
