@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import click
 
-from moeless.cli.options import model_option
+from moeless.cli.options import deployment_options, model_option, traffic_options
 from moeless.contracts.environment import ALIAS
 from moeless.contracts.plan import Placement, Policy
 
@@ -61,6 +62,31 @@ from moeless.contracts.plan import Placement, Policy
     help="Layer steps per second (traffic) the costs are computed for.",
 )
 @click.option("--local", "local_costs", is_flag=True, help="Cost invokes as on the local host, not AWS.")
+@click.option(
+    "--slo-tpot-ms",
+    type=click.FloatRange(0, min_open=True),
+    help="Size provisioned concurrency for this p99 time per output token on the given traffic "
+    "(--arrivals/--rate or --arrival), at the lowest cost, the simulator judging (docs/planner.md).",
+)
+@click.option(
+    "--slo-ttft-ms", type=click.FloatRange(0, min_open=True), help="With --slo-tpot-ms: p99 TTFT bound too."
+)
+@click.option(
+    "--memory-mb",
+    "memory_options",
+    type=click.IntRange(128, 10240),
+    multiple=True,
+    help="With --slo-tpot-ms: function memory sizes to choose from [the smallest that holds an "
+    "expert, and one vCPU more]. Repeatable.",
+)
+@click.option(
+    "--frontier",
+    is_flag=True,
+    help="With --slo-tpot-ms: simulate every point for moeless and remoe and the fleet; write "
+    "OUTPUT.frontier.csv and .png (cost against p99 TPOT).",
+)
+@traffic_options
+@deployment_options
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
 def plan(
     loads_path: Path,
@@ -76,9 +102,32 @@ def plan(
     batch_tokens: int,
     steps_per_s: float,
     local_costs: bool,
+    slo_tpot_ms: float | None,
+    slo_ttft_ms: float | None,
+    memory_options: tuple[int, ...],
+    frontier: bool,
     output: Path,
+    **traffic: Any,
 ) -> None:
-    """Plan replicas, placement, memory and provisioned concurrency from expert loads."""
+    """Plan replicas, placement, memory and provisioned concurrency from expert loads.
+
+    With --slo-tpot-ms: the cheapest provisioned concurrency per function that meets the SLO on
+    the given traffic, as the simulator replays it over the whole model."""
+    if slo_tpot_ms is not None:
+        _sized(
+            policy,
+            loads_path,
+            model_spec,
+            slo_tpot_ms,
+            slo_ttft_ms,
+            list(memory_options),
+            frontier,
+            output,
+            traffic,
+        )
+        return
+    if slo_ttft_ms is not None or memory_options or frontier:
+        raise click.UsageError("--slo-ttft-ms, --memory-mb and --frontier go with --slo-tpot-ms")
     from moeless.contracts.loads import load_loads
     from moeless.contracts.manifest import load_manifest
     from moeless.contracts.plan import load_plan
@@ -134,6 +183,91 @@ def plan(
         f"{estimate.plan_seconds * 1e3:.0f} ms"
     )
     click.echo(f"  expert size: {shape.hidden} x {shape.intermediate} ({shape_source})")
+
+
+def _sized(
+    policy: str,
+    loads_path: Path,
+    model_spec: str | None,
+    slo_tpot_ms: float,
+    slo_ttft_ms: float | None,
+    memory_options: list[int],
+    frontier: bool,
+    output: Path,
+    traffic: dict[str, Any],
+) -> None:
+    """``plan --slo-tpot-ms``: size the plan with the simulator in the loop; print the choice."""
+    from moeless.errors import SimulationError
+    from moeless.simulation.inputs import deployment_for, replay_for, shape_and_routing
+    from moeless.simulation.policies import simulate_policy
+    from moeless.simulation.sizing import Slo, SloUnreachable, size_for_slo
+
+    if policy not in ("moeless", "remoe"):
+        raise click.UsageError("--slo-tpot-ms sizes the moeless or remoe policy")
+    shape, routing = shape_and_routing(
+        None, loads_path, model_spec, traffic["resample_experts"], traffic["seed"]
+    )
+    duration = traffic["duration"]
+    replay, source = replay_for(
+        routing,
+        traffic["arrivals_path"],
+        traffic["rate"],
+        traffic["arrival"],
+        duration,
+        traffic["prompt_tokens"],
+        traffic["output_tokens"],
+        traffic["seed"],
+    )
+    deployment = deployment_for(
+        shape,
+        traffic["expert_dtype"],
+        traffic["gpu_dtype"],
+        traffic["max_batch"],
+        traffic["context_tokens"],
+        traffic["instances_path"],
+    )
+    slo = Slo(slo_tpot_ms, slo_ttft_ms)
+    click.echo(f"sizing {policy} for {slo.describe()} on {len(replay)} requests ({source}, {duration:g} s)")
+    sizings, chosen, failure = [], None, None
+    for name in ("moeless", "remoe") if frontier else (policy,):
+        try:
+            sizing = size_for_slo(
+                name, deployment, routing, replay, duration, slo, memory_options=memory_options or None,
+                frontier=frontier, seed=traffic["seed"], progress=True,
+            )  # fmt: skip
+        except SloUnreachable as exc:
+            sizing = exc.sizing
+            if name == policy:
+                failure = exc
+        except SimulationError as exc:
+            if name == policy:
+                raise
+            click.echo(f"  frontier: {exc}")
+            continue
+        sizings.append(sizing)
+        if name == policy:
+            chosen = sizing.chosen
+    if frontier:
+        from moeless.simulation.frontier import write_frontier
+
+        fleet = simulate_policy("static", deployment, routing, replay, duration, timeline=False).summary()
+        for path in write_frontier(sizings, fleet, output, slo_tpot_ms):
+            click.echo(f"  frontier: {path}")
+    if failure is not None or chosen is None:
+        raise failure or click.ClickException(f"{policy} could not be sized")
+    chosen.plan.save(output)
+    summary = chosen.summary
+    click.echo(f"plan: {policy} sized for {slo.describe()} -> {output}")
+    click.echo(
+        f"  {len(chosen.plan.functions)} functions of {chosen.memory_mb} MB, "
+        f"{chosen.provisioned} provisioned environments (cold start priced at ${chosen.usd_per_cold_start:g})"
+    )
+    click.echo(
+        f"  simulated: ${summary['usd_per_1k_requests']:.2f} per 1k requests, p99 TPOT "
+        f"{summary['tpot_ms_p99']:.1f} ms (Lambda floor {sizings[-1].floor_ms:.1f}), p99 TTFT "
+        f"{summary['ttft_ms_p99']:.1f} ms, cold starts {summary['cold_starts']} of "
+        f"{summary['invokes']} invokes"
+    )
 
 
 @click.command("apply-plan")

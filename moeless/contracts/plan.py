@@ -126,6 +126,25 @@ class Plan:
                 hosts.setdefault((layer, expert), []).append(spec.name)
         return hosts
 
+    def invoke_targets(self) -> dict[tuple[int, int], list[str]]:
+        """(layer, expert) -> where a step's invokes for it go, one entry per concurrent invoke.
+
+        An expert's ``replicas`` are concurrent execution environments, not separate functions: its
+        tokens are split into that many invokes, spread over the functions hosting it in turn. One
+        function hosting an expert with 3 replicas gives ``[f, f, f]`` (three environments of f, as
+        its provisioned concurrency provides); plans that give each replica its own function list
+        each once. Experts on the backbone have no entry.
+        """
+        hosts = self.replica_functions()
+        targets: dict[tuple[int, int], list[str]] = {}
+        for placement in self.experts:
+            key = (placement.layer, placement.expert)
+            names = hosts.get(key)
+            if placement.placement == Placement.BACKBONE or not names:
+                continue
+            targets[key] = [names[k % len(names)] for k in range(max(placement.replicas, len(names)))]
+        return targets
+
     def prefixed(self, prefix: str) -> Plan:
         """This plan with its functions deployed under ``prefix`` (one stage's names in a shared account).
 

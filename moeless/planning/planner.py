@@ -10,7 +10,9 @@
   Lagrangian dual of the cost/memory/latency problem, LPT packing, MMP (:mod:`moeless.planning.remoe`).
 
 Functions: with ``--workers W`` each (layer, worker) is one function hosting that worker's
-replicas; without, each replica is its own function.
+replicas; without, each expert is its own function and its replicas are concurrent execution
+environments of it (the dispatcher splits its tokens into that many invokes; provisioned
+concurrency keeps that many warm).
 """
 
 from __future__ import annotations
@@ -262,13 +264,11 @@ def _functions_for_layer(
             )
         return experts, functions
     memory = model.function_memory_mb(shape.weight_bytes)
-    for e, c in enumerate(counts):
-        warm = 1 if always_on or active[e] >= threshold else 0
-        replica_names = [function_name(layer, e) + (f"-r{k}" if k else "") for k in range(int(c))]
-        functions += [FunctionSpec(name, [(layer, e)], memory, warm) for name in replica_names]
-        experts.append(
-            ExpertPlacement(layer, e, Placement.FUNCTION, int(c), [], replica_names[0], memory, warm * int(c))
-        )
+    for e, c in enumerate(counts):  # one function per expert; its c replicas are c environments of it
+        warm = int(c) if always_on or active[e] >= threshold else 0
+        name = function_name(layer, e)
+        functions.append(FunctionSpec(name, [(layer, e)], memory, warm))
+        experts.append(ExpertPlacement(layer, e, Placement.FUNCTION, int(c), [], name, memory, warm))
     return experts, functions
 
 
@@ -300,8 +300,8 @@ def _remoe(layers: dict[int, np.ndarray], request: PlanRequest, shape: ExpertSha
                 for e, _ in jobs
             ]
             worker_of, _ = lpt(times, request.workers)
-        else:
-            worker_of = list(range(len(jobs)))
+        else:  # one function per expert, hosting all its replicas as concurrent environments
+            worker_of = [e for e, _ in jobs]
         members: dict[int, list[int]] = {}
         replica_workers: dict[int, list[int]] = {}
         for (e, _), w in zip(jobs, worker_of, strict=True):
@@ -311,11 +311,13 @@ def _remoe(layers: dict[int, np.ndarray], request: PlanRequest, shape: ExpertSha
         by_worker = bool(request.workers)
         layer_functions: list[FunctionSpec] = []
         for w, hosted in sorted(members.items()):
-            name = f"moeless-l{layer:03d}-w{w:02d}" if by_worker else _replica_name(layer, jobs[w])
+            name = f"moeless-l{layer:03d}-w{w:02d}" if by_worker else function_name(layer, w)
             memory_mb = max(solution.choices[(layer, e)].memory_mb for e in hosted)
             if by_worker:
                 memory_mb = max(memory_mb, model.function_memory_mb(shape.weight_bytes * len(hosted)))
-            warm = max(1 if solution.choices[(layer, e)].provisioned else 0 for e in hosted)
+                warm = max(1 if solution.choices[(layer, e)].provisioned else 0 for e in hosted)
+            else:
+                warm = solution.choices[(layer, w)].provisioned
             layer_functions.append(FunctionSpec(name, [(layer, e) for e in hosted], memory_mb, warm))
         functions += layer_functions
         hosting_of: dict[int, list[str]] = {}
@@ -349,11 +351,6 @@ def _remoe(layers: dict[int, np.ndarray], request: PlanRequest, shape: ExpertSha
         "backbone_preallocated_gb": (solution.mmp_bytes + solution.resident_bytes) / 1e9,
     }
     return Plan("remoe", experts, functions, params=params, workers=request.workers)
-
-
-def _replica_name(layer: int, job: tuple[int, int]) -> str:
-    expert, replica = job
-    return function_name(layer, expert) + (f"-r{replica}" if replica else "")
 
 
 def _params(request: PlanRequest) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """Routed experts run as Lambda functions: the serverless :class:`ExpertExecutor`.
 
-For each needed expert of a layer, the dispatcher splits its token rows over the functions that
-host a replica of it (join-the-shortest-queue on tokens in flight), invokes them all concurrently
+For each needed expert of a layer, the dispatcher splits its token rows over its replicas
+(:meth:`~moeless.contracts.plan.Plan.invoke_targets`: concurrent environments of the functions
+hosting it; join-the-shortest-queue on tokens in flight), invokes them all concurrently
 through boto3 ``lambda.invoke`` (AWS, or the local host), and reassembles the outputs in token
 order. An invoke that errors, times out or is throttled is retried with backoff on the next
 replica; when every attempt fails, onnxruntime runs the expert in-process from the artifacts, so
@@ -81,7 +82,7 @@ class LambdaDispatcher:
         self.attempts = max(1, attempts)
         self.backoff_s = backoff_s
         self.stats = stats or ServingStats()
-        self.replicas = plan.replica_functions()
+        self.replicas = plan.invoke_targets()
         self.on_backbone = {(p.layer, p.expert) for p in plan.experts if p.placement == Placement.BACKBONE}
         self.local = OnnxExpertPool(artifacts_dir, manifest)
         self.max_rows = max_tokens_per_request(manifest.hidden_size)
@@ -162,7 +163,8 @@ class LambdaDispatcher:
     def _invoke_with_retries(
         self, layer: int, expert: int, rows: np.ndarray, names: list[str], first: str
     ) -> np.ndarray:
-        order = names[names.index(first) :] + names[: names.index(first)]
+        hosts = list(dict.fromkeys(names))  # a retry goes to the next function hosting the expert
+        order = hosts[hosts.index(first) :] + hosts[: hosts.index(first)]
         try:
             for attempt in range(self.attempts):
                 if attempt:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -130,6 +131,18 @@ class Deployment:
         used = self.shape.dense_bytes(_dense_dtype(self.gpu_dtype)) + self.kv_bytes
         return max(0.0, (self.backbone.memory_bytes - used) / 1e9)
 
+    def params(self) -> dict[str, Any]:
+        """What a plan sized on this deployment records of it (``simulate --plan`` checks them)."""
+        return {
+            "model": self.shape.name,
+            "expert_dtype": self.expert_dtype,
+            "gpu_dtype": self.gpu_dtype,
+            "max_batch": self.max_batch,
+            "context_tokens": self.context_tokens,
+            "backbone": self.backbone.label(),
+            "fleet": self.fleet.label(),
+        }
+
     def describe(self) -> list[str]:
         shape = self.shape
         return [
@@ -216,15 +229,19 @@ def simulate_policy(
     prewarm: dict[str, PrewarmModel] | None = None,
     seed: int = 0,
     timeline: bool = True,
+    plan: Plan | None = None,
+    warm_up: bool = False,
 ) -> PolicyResult:
-    """Plan ``name`` for the routing's loads and replay the requests through it.
+    """Plan ``name`` for the routing's loads (or take ``plan`` as it is) and replay the requests
+    through it.
 
     With ``replan_s`` the serverless policies re-plan from the loads of each window of that length;
     with ``predictors`` moeless and remoe pre-warm what their predictor foresees (``prewarm``, a
-    policy -> model map measured by ``predict eval``; ``PREDICTORS`` where it names none).
+    policy -> model map measured by ``predict eval``; ``PREDICTORS`` where it names none); with
+    ``warm_up`` the deployment's warm-up pass runs before the first request.
     """
-    loads = routing.loads()
-    plan = plan_for_policy(name, loads, deployment)
+    if plan is None:
+        plan = plan_for_policy(name, routing.loads(), deployment)
     serverful = name == "static"
     oracle = name == "oracle"
 
@@ -248,6 +265,7 @@ def simulate_policy(
         prewarm=(PREDICTORS | (prewarm or {})).get(name) if predictors else None,
         seed=seed,
         timeline=timeline,
+        warm_up=warm_up,
     ).run(replay, duration_s, progress)
     result.policy = name
     return result

@@ -47,6 +47,7 @@ from tqdm import tqdm
 from moeless.contracts.loads import Loads
 from moeless.contracts.payload import max_tokens_per_request
 from moeless.contracts.plan import Placement, Plan
+from moeless.planning.concurrency import LevelDemand
 from moeless.planning.cost_model import CostModel, ExpertShape
 from moeless.simulation.roofline import Hardware
 from moeless.simulation.routing import StepRouting
@@ -128,6 +129,7 @@ class PolicyResult:
     replans: int = 0
     prewarms: int = 0
     waited_for_warmup: int = 0
+    warm_up_invokes: int = 0
     steps: int = 0
     layers_simulated: int = 0
     fleet: str = ""
@@ -136,6 +138,9 @@ class PolicyResult:
     # tokens) of every piece served; empty when the simulator runs without ``timeline``
     busy: list[tuple[float, float]] = field(default_factory=list)
     pieces: list[tuple[float, str, int]] = field(default_factory=list)
+    # what each function saw, by concurrency level (level j: the invoke found j - 1 of the
+    # function's environments busy): what the replica optimiser sizes provisioned concurrency from
+    demand: dict[str, LevelDemand] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
         def pct(values: list[float], q: float) -> float:
@@ -213,6 +218,9 @@ class Simulator:
             plan replaces the current one (instances of functions it keeps stay; provisioned
             instances it adds are ready after a cold start).
         timeline: keep every busy interval and piece for the plots (costly on whole models).
+        warm_up: the deployment's warm-up pass ran just before the first request: every function
+            without provisioned concurrency has one warm environment at time 0 (its invoke and init
+            are billed), which idles out like any other.
     """
 
     def __init__(
@@ -234,6 +242,7 @@ class Simulator:
         prewarm: PrewarmModel | None = None,
         seed: int = 0,
         timeline: bool = True,
+        warm_up: bool = False,
     ) -> None:
         self.plan = plan
         self.routing = routing
@@ -262,6 +271,8 @@ class Simulator:
         self._provisioned_usd = 0.0
         self._provisioned_since = 0.0
         self._apply(plan, 0.0, ready_now=True)
+        self.warm_up = warm_up and not serverful and not oracle
+        self._demand: dict[str, LevelDemand] = {}
 
     # -- plans ------------------------------------------------------------------------------------
 
@@ -290,7 +301,7 @@ class Simulator:
         self.plan = plan
         self.functions = functions
         self.placement = {(p.layer, p.expert): p for p in plan.experts}
-        self.replica_functions = plan.replica_functions()
+        self.targets = plan.invoke_targets()
         self.replans += 1
 
     # -- the run ----------------------------------------------------------------------------------
@@ -316,6 +327,8 @@ class Simulator:
             layers_simulated=len(self.layers),
         )
         usd = dict.fromkeys(("requests", "duration", "provisioned", "gpu"), 0.0)
+        if self.warm_up:
+            self._warm_up(result, usd)
         order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
         waiting: deque[int] = deque()
         arrived = 0
@@ -387,6 +400,7 @@ class Simulator:
             for i, e in zip(*np.nonzero(self._served), strict=True)
         }
         result.replans = self.replans
+        result.demand = self._demand
         result.request_latency_ms = [
             (finished_at[i] - r.arrival_s) * 1e3
             for i, r in enumerate(requests)
@@ -404,6 +418,20 @@ class Simulator:
         result.backbone = "" if self.serverful else self.hardware.label
         result.fleet = self.hardware.label if self.serverful else ""
         return result
+
+    def _warm_up(self, result: PolicyResult, usd: dict[str, float]) -> None:
+        """The warm-up pass before traffic: one invoke of every function with nothing provisioned,
+        each a cold start (billed), leaving one warm environment idle from time 0."""
+        cold_ms = self.model.cold_start_ms(self.size.weight_bytes)
+        for function in self.functions.values():
+            if function.provisioned or function.free_at:
+                continue
+            function.free_at.append(0.0)
+            result.warm_up_invokes += 1
+            usd["requests"] += self.model.prices.per_request
+            usd["duration"] += (
+                math.ceil(cold_ms) / 1e3 * function.memory_mb / 1024 * self.model.prices.per_gb_second
+            )
 
     def _window_loads(self, window: np.ndarray) -> Loads:
         return Loads({layer: window[i].copy() for i, layer in enumerate(self.layers)})
@@ -498,8 +526,8 @@ class Simulator:
                 resident += 1
                 resident_selections += tokens
                 continue
-            names = self.replica_functions[(layer, int(expert))]
-            replicas = max(1, min(placement.replicas, len(names)))
+            names = self.targets[(layer, int(expert))]
+            replicas = len(names)
             for k in range(replicas):
                 share = tokens // replicas + (1 if k < tokens % replicas else 0)
                 for offset in range(0, share, self.max_rows):
@@ -526,7 +554,7 @@ class Simulator:
                 continue
             if self.placement[(layer, int(expert))].placement == Placement.BACKBONE:
                 continue
-            for name in self.replica_functions.get((layer, int(expert)), []):
+            for name in dict.fromkeys(self.targets.get((layer, int(expert)), [])):
                 function = self.functions[name]
                 function.warming = [t for t in function.warming if now - t <= self.idle_timeout_s]
                 idle = any(t <= now for t in function.provisioned_free_at) or any(
@@ -584,6 +612,9 @@ class Simulator:
         if self.oracle:
             start = now
         else:
+            level = 1 + sum(t > now for t in function.provisioned_free_at) + sum(
+                t > now for t in function.free_at
+            )
             free = [k for k, t in enumerate(function.provisioned_free_at) if t <= now]
             if free:
                 provisioned = True
@@ -611,6 +642,8 @@ class Simulator:
                     k = len(function.free_at) - 1
                     start = now + cold_ms / 1e3
                 function.free_at[k] = start + busy_ms / 1e3
+            # a wait for a cold or still-warming environment is a cold start on the request path
+            self._demand.setdefault(name, LevelDemand()).add(level, busy_ms / 1e3, start > now)
         rate = (
             self.model.prices.provisioned_duration_per_gb_second
             if provisioned

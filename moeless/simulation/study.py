@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from moeless.contracts.plan import Plan
 from moeless.errors import SimulationError
 from moeless.simulation.policies import Deployment, simulate_policy
 from moeless.simulation.routing import StepRouting
@@ -26,6 +27,7 @@ def run_study(
     prewarm: dict[str, PrewarmModel] | None = None,
     seed: int = 0,
     plots: bool = True,
+    plans: dict[str, Plan] | None = None,
 ) -> tuple[list[PolicyResult], list[Path]]:
     """Simulate ``policies`` on ``replay``; returns the results and the plot files written.
 
@@ -35,12 +37,16 @@ def run_study(
     Args:
         describe: report header lines saying where the requests came from.
         prewarm: policy -> its predictor's measured pre-warming model (default ``PREDICTORS``).
+        plans: policy -> a plan it replays as it is (with the warm-up pass its params ask for),
+            rather than planning from the routing's loads.
     """
     from moeless.simulation.plots import write_plots
     from moeless.simulation.report import write_report
 
     results, skipped = [], []
+    given = plans or {}
     for name in policies:
+        plan = given.get(name)
         try:
             results.append(
                 simulate_policy(
@@ -55,6 +61,8 @@ def run_study(
                     prewarm=prewarm,
                     seed=seed,
                     timeline=plots,
+                    plan=plan,
+                    warm_up=bool(plan is not None and plan.params.get("warm_up")),
                 )
             )
         except SimulationError as exc:

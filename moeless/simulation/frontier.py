@@ -1,0 +1,75 @@
+"""The cost-latency frontier of sized plans: a CSV of every point and a plot of cost against
+p99 TPOT per policy, with the serverful fleet as one point (``moeless plan ... --frontier``)."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from moeless.simulation.sizing import Sizing
+
+
+def frontier_rows(sizings: list[Sizing], fleet: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Every simulated point of every policy, then the fleet's run (policy ``static``)."""
+    rows = [point.row() | {"chosen": point is s.chosen} for s in sizings for point in s.points]
+    if fleet is not None:
+        rows.append(
+            {
+                "policy": "static",
+                "memory_mb": "",
+                "usd_per_cold_start": "",
+                "provisioned": "",
+                "usd_per_1k_requests": fleet["usd_per_1k_requests"],
+                "tpot_ms_p99": fleet["tpot_ms_p99"],
+                "ttft_ms_p99": fleet["ttft_ms_p99"],
+                "cold_start_share": 0.0,
+                "completed": fleet["completed"],
+                "requests": fleet["requests"],
+                "chosen": False,
+            }
+        )
+    return rows
+
+
+def write_frontier(
+    sizings: list[Sizing], fleet: dict[str, Any] | None, stem: Path, slo_tpot_ms: float
+) -> list[Path]:
+    """``STEM.frontier.csv`` and ``STEM.frontier.png``; returns the files written."""
+    rows = frontier_rows(sizings, fleet)
+    table = stem.with_suffix(".frontier.csv")
+    table.parent.mkdir(parents=True, exist_ok=True)
+    with table.open("w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    for sizing in sizings:
+        points = sorted(sizing.points, key=lambda p: p.usd_per_1k)
+        axes.plot(
+            [p.summary["tpot_ms_p99"] for p in points],
+            [p.usd_per_1k for p in points],
+            "o-",
+            label=f"{sizing.policy} (provisioned concurrency by cold-start price)",
+        )
+        if sizing.chosen is not None:
+            axes.plot(sizing.chosen.summary["tpot_ms_p99"], sizing.chosen.usd_per_1k, "k*", markersize=14)
+    if fleet is not None:
+        axes.plot(fleet["tpot_ms_p99"], fleet["usd_per_1k_requests"], "s", label="serverful fleet (static)")
+    axes.axvline(slo_tpot_ms, color="grey", linestyle="--", label=f"SLO: p99 TPOT {slo_tpot_ms:g} ms")
+    axes.set_xscale("log")
+    axes.set_yscale("log")
+    axes.set_xlabel("p99 TPOT, ms (planning traffic, simulated)")
+    axes.set_ylabel("$ per 1k requests")
+    axes.set_title("Cost against latency: each point one plan (star: chosen)")
+    axes.legend(fontsize=8)
+    figure.tight_layout()
+    picture = stem.with_suffix(".frontier.png")
+    figure.savefig(picture, dpi=110)
+    plt.close(figure)
+    return [table, picture]

@@ -1,0 +1,282 @@
+"""The replica optimiser: provisioned concurrency per function for a latency SLO, at the lowest cost.
+
+``moeless plan --slo-tpot-ms T [--slo-ttft-ms U] --arrivals CSV --rate R`` runs :func:`size_for_slo`:
+
+1. **Placement and replicas** come from the policy's planner (moeless: load-aware replicas, one
+   function per expert whose replicas are concurrent environments of it; remoe: its optimiser's
+   residents and functions), with nothing provisioned.
+2. **A probe**: the simulator replays the planning traffic through that plan, after the deployment's
+   warm-up pass, and records what each function saw by concurrency level
+   (:class:`~moeless.planning.concurrency.LevelDemand`): invokes, busy seconds, cold starts.
+3. **A family of plans**, one per price of a cold start ``lambda`` on a fixed grid
+   (:data:`PRICE_GRID`, $ per cold start): each function gets the provisioned concurrency that pays
+   at that price (:func:`~moeless.planning.concurrency.provisioned_for`). The family runs from
+   ``lambda = 0`` (only what saves money outright) to ``lambda = inf`` (every level that saw a cold
+   start), and each function's count only grows with ``lambda``.
+4. **The simulator judges** each plan on the same traffic: p99 TPOT, p99 TTFT, every request
+   completed. The cheapest plan that meets the SLO is chosen; by default a bisection over the grid
+   (feasibility grows with ``lambda``), with ``frontier`` every point, which also gives the
+   cost-latency frontier. When even ``lambda = inf`` misses the SLO, :class:`SloUnreachable` says so
+   with the best latency reached.
+5. **Memory** is a decision too: each size in ``memory_options`` (default: the smallest that holds
+   the expert, and one vCPU more) runs steps 2-4 and the cheapest feasible wins.
+
+Why the simulator in the loop rather than a queueing bound alone: an MoE step's invokes are not a
+Poisson stream (a prefill touches every expert of every layer at once; decode touches a few per
+layer in lockstep), and TPOT p99 is a per-request mean over its tokens, so how many cold starts a
+latency target tolerates depends on the request mix. The rule in step 3 is the queueing part
+(which level of which function pays); the simulator sets its one price.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from moeless.contracts.plan import Plan, PlanEstimate
+from moeless.errors import SimulationError
+from moeless.planning.concurrency import provisioned_for, with_concurrency, with_memory
+from moeless.planning.cost_model import EXPERT_DTYPES, MEMORY_OPTIONS_MB
+from moeless.simulation.policies import Deployment, plan_for_policy, simulate_policy
+from moeless.simulation.routing import StepRouting
+from moeless.simulation.simulator import PolicyResult, PrewarmModel, Request
+
+# $ per cold start on the request path: 0, 1e-5 .. 10 in quarter decades, and infinity
+PRICE_GRID: tuple[float, ...] = (0.0, *(10 ** (k / 4) for k in range(-20, 5)), math.inf)
+
+
+@dataclass(frozen=True)
+class Slo:
+    """A latency target: p99 time per output token, and optionally p99 time to first token (ms)."""
+
+    tpot_ms: float
+    ttft_ms: float | None = None
+
+    def met(self, summary: dict[str, Any]) -> bool:
+        """Whether a run meets it: every request completed within both p99 bounds."""
+        return (
+            summary["completed"] == summary["requests"]
+            and summary["tpot_ms_p99"] <= self.tpot_ms
+            and (self.ttft_ms is None or summary["ttft_ms_p99"] <= self.ttft_ms)
+        )
+
+    def describe(self) -> str:
+        ttft = f", p99 TTFT <= {self.ttft_ms:g} ms" if self.ttft_ms is not None else ""
+        return f"p99 TPOT <= {self.tpot_ms:g} ms{ttft}"
+
+
+@dataclass
+class FrontierPoint:
+    """One plan of the family and how it served the planning traffic."""
+
+    memory_mb: int
+    usd_per_cold_start: float
+    plan: Plan
+    summary: dict[str, Any]
+
+    @property
+    def usd_per_1k(self) -> float:
+        return float(self.summary["usd_per_1k_requests"])
+
+    @property
+    def provisioned(self) -> int:
+        return sum(f.provisioned_concurrency for f in self.plan.functions)
+
+    def row(self) -> dict[str, Any]:
+        """The point as a CSV row (frontier.csv)."""
+        summary = self.summary
+        return {
+            "policy": self.plan.policy,
+            "memory_mb": self.memory_mb,
+            "usd_per_cold_start": self.usd_per_cold_start,
+            "provisioned": self.provisioned,
+            "usd_per_1k_requests": self.usd_per_1k,
+            "tpot_ms_p99": summary["tpot_ms_p99"],
+            "ttft_ms_p99": summary["ttft_ms_p99"],
+            "cold_start_share": summary["cold_starts"] / max(summary["invokes"], 1),
+            "completed": summary["completed"],
+            "requests": summary["requests"],
+        }
+
+
+@dataclass
+class Sizing:
+    """The optimiser's answer: the chosen point (``None``: unreachable) and every point it simulated."""
+
+    policy: str
+    slo: Slo
+    chosen: FrontierPoint | None
+    points: list[FrontierPoint] = field(default_factory=list)
+    floor_ms: float = 0.0  # the Lambda floor of TPOT: layers x (invoke overhead + slowest piece)
+
+    def best_latency(self) -> FrontierPoint:
+        """The point with the lowest p99 TPOT (what an unreachable SLO can have instead)."""
+        return min(self.points, key=lambda p: (p.summary["tpot_ms_p99"], p.usd_per_1k))
+
+
+class SloUnreachable(SimulationError):
+    """No plan of the family meets the SLO; carries the sizing with its best reachable latency."""
+
+    def __init__(self, sizing: Sizing) -> None:
+        best = sizing.best_latency().summary
+        super().__init__(
+            f"{sizing.policy} cannot meet {sizing.slo.describe()} on this traffic at any provisioned "
+            f"concurrency: the best reached is p99 TPOT {best['tpot_ms_p99']:.1f} ms, p99 TTFT "
+            f"{best['ttft_ms_p99']:.1f} ms ({best['completed']}/{best['requests']} requests completed; "
+            f"the Lambda floor of TPOT is {sizing.floor_ms:.1f} ms)"
+        )
+        self.sizing = sizing
+
+
+def lambda_floor_ms(deployment: Deployment, memory_mb: int) -> float:
+    """TPOT's floor on Lambda: every MoE layer pays one warm invoke of one token and its expert."""
+    model, size = deployment.model, deployment.expert_size()
+    speedup = EXPERT_DTYPES[deployment.expert_dtype].compute_speedup
+    expert = model.expert_ms(1, size.hidden, size.intermediate, model.vcpus(memory_mb), size.weight_bytes)
+    return len(deployment.shape.moe_layers) * (model.invoke_ms(1, size.hidden) + expert / speedup)
+
+
+def default_memory_options(deployment: Deployment) -> list[int]:
+    """The smallest full-vCPU size that holds one expert, and the next one up."""
+    smallest = deployment.model.function_memory_mb(deployment.expert_size().weight_bytes)
+    index = MEMORY_OPTIONS_MB.index(smallest)
+    return list(MEMORY_OPTIONS_MB[index : index + 2])
+
+
+def size_for_slo(
+    policy: str,
+    deployment: Deployment,
+    routing: StepRouting,
+    replay: list[Request],
+    duration_s: float,
+    slo: Slo,
+    *,
+    memory_options: list[int] | None = None,
+    frontier: bool = False,
+    prewarm: dict[str, PrewarmModel] | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> Sizing:
+    """The cheapest plan of ``policy`` that meets ``slo`` on ``replay`` (see the module docstring).
+
+    Raises:
+        SloUnreachable: no provisioned concurrency meets it; the error carries every point tried.
+        SimulationError: the policy cannot plan this deployment.
+    """
+    if policy not in ("moeless", "remoe"):
+        raise SimulationError(f"the replica optimiser sizes moeless or remoe plans, not {policy!r}")
+    base = with_concurrency(plan_for_policy(policy, routing.loads(), deployment), {})
+    memories = memory_options or default_memory_options(deployment)
+    floor = min(lambda_floor_ms(deployment, m) for m in memories)
+
+    def run(plan: Plan) -> PolicyResult:
+        return simulate_policy(
+            policy,
+            deployment,
+            routing,
+            replay,
+            duration_s,
+            plan=plan,
+            prewarm=prewarm,
+            seed=seed,
+            timeline=False,
+            warm_up=True,
+            progress=progress,
+        )
+
+    points: list[FrontierPoint] = []
+    for memory in memories:
+        family = _Family(with_memory(base, memory), memory, duration_s, run)
+        if frontier:
+            for price in PRICE_GRID:
+                family.point(price)
+        else:
+            _bisect(family.point, slo)
+        points += family.points
+    feasible = [p for p in points if slo.met(p.summary)]
+    sizing = Sizing(
+        policy,
+        slo,
+        min(feasible, key=lambda p: (p.usd_per_1k, p.usd_per_cold_start)) if feasible else None,
+        points,
+        floor,
+    )
+    if sizing.chosen is None:
+        raise SloUnreachable(sizing)
+    sizing.chosen.plan = _annotated(sizing.chosen, sizing, deployment)
+    return sizing
+
+
+class _Family:
+    """The plans of one memory size, one per price of a cold start, each simulated once."""
+
+    def __init__(self, plan: Plan, memory_mb: int, span_s: float, run: Callable[[Plan], PolicyResult]):
+        self.plan, self.memory_mb, self.span_s, self.run = plan, memory_mb, span_s, run
+        self.probe = run(plan)  # nothing provisioned: what each function's demand is measured on
+        self.points: list[FrontierPoint] = []
+        self._summaries: dict[tuple[int, ...], dict[str, Any]] = {}
+
+    def point(self, price: float) -> FrontierPoint:
+        counts = {
+            name: provisioned_for(demand, self.span_s, self.memory_mb, price)
+            for name, demand in self.probe.demand.items()
+        }
+        sized = with_concurrency(self.plan, counts)
+        key = tuple(f.provisioned_concurrency for f in sized.functions)
+        if key not in self._summaries:  # nothing provisioned is the probe itself
+            self._summaries[key] = self.run(sized).summary() if any(key) else self.probe.summary()
+        found = FrontierPoint(self.memory_mb, price, sized, self._summaries[key])
+        self.points.append(found)
+        return found
+
+
+def _bisect(point: Callable[[float], FrontierPoint], slo: Slo) -> None:
+    """Evaluate the grid's ends, then halve the interval between the last infeasible and the first
+    feasible price (feasibility grows with the price: each function's count only grows)."""
+    low, high = 0, len(PRICE_GRID) - 1
+    if slo.met(point(PRICE_GRID[low]).summary) or not slo.met(point(PRICE_GRID[high]).summary):
+        return
+    while high - low > 1:
+        middle = (low + high) // 2
+        if slo.met(point(PRICE_GRID[middle]).summary):
+            high = middle
+        else:
+            low = middle
+
+
+def _annotated(chosen: FrontierPoint, sizing: Sizing, deployment: Deployment) -> Plan:
+    """The chosen plan with what it was sized for and how it served, in its params and estimate."""
+    summary = chosen.summary
+    params = dict(chosen.plan.params) | {
+        "warm_up": True,
+        "deployment": deployment.params(),
+        "sizing": {
+            "slo_tpot_ms_p99": sizing.slo.tpot_ms,
+            "slo_ttft_ms_p99": sizing.slo.ttft_ms,
+            "usd_per_cold_start": chosen.usd_per_cold_start,
+            "memory_mb": chosen.memory_mb,
+            "lambda_floor_tpot_ms": sizing.floor_ms,
+            "planned": {
+                key: summary[key]
+                for key in (
+                    "requests",
+                    "usd_per_1k_requests",
+                    "tpot_ms_p99",
+                    "ttft_ms_p99",
+                    "cold_starts",
+                    "invokes",
+                )
+            },
+        },
+    }
+    estimate = PlanEstimate(
+        cost_per_1k_requests=float(summary["usd_per_1k_requests"]),
+        makespan_ms=float(summary["moe_layer_ms_p50"]),
+        functions=len(chosen.plan.functions),
+        provisioned_concurrency=chosen.provisioned,
+        priced_as="simulated on the planning traffic: Lambda + backbone GPU",
+        sources=deployment.sources(),
+    )
+    return replace(chosen.plan, params=params, estimate=estimate)

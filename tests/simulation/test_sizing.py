@@ -1,0 +1,216 @@
+"""The replica optimiser: replicas are concurrent environments of one function, provisioned
+concurrency per level priced against its cold starts, the cheapest plan meeting an SLO, a tighter
+SLO never cheaper, an unreachable one refused with the latency that can be had, and the commands."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+
+from moeless.aws_prices import PRICES
+from moeless.contracts.loads import Loads
+from moeless.contracts.plan import ExpertPlacement, FunctionSpec, Plan, load_plan
+from moeless.model.shapes import ModelShape
+from moeless.planning.concurrency import LevelDemand, level_cost_usd, provisioned_for, with_concurrency
+from moeless.simulation.policies import Deployment, simulate_policy
+from moeless.simulation.routing import SampledRouting
+from moeless.simulation.simulator import Request
+from moeless.simulation.sizing import PRICE_GRID, Slo, SloUnreachable, size_for_slo
+from tests.simulation.test_simulator import GPU, HARDWARE, SIZE, sampled
+
+MB = 1769
+
+
+def test_a_level_is_provisioned_exactly_when_its_cold_starts_pay_for_it():
+    span = 1000.0
+    demand = LevelDemand()
+    for _ in range(700):  # level 1 busy 70% of the span: provisioned is the cheaper way to run it
+        demand.add(1, 1.0, False)
+    demand.add(2, 5.0, True)  # level 2: nearly idle, 4 cold starts
+    for _ in range(3):
+        demand.add(2, 0.0, True)
+    demand.add(3, 1.0, True)  # level 3: one cold start
+    assert level_cost_usd(700.0, span, MB) < 0 < level_cost_usd(5.0, span, MB)
+    assert provisioned_for(demand, span, MB, 0.0) == 1  # only what saves money outright
+    level2 = level_cost_usd(5.0, span, MB)  # 4 cold starts must be worth this
+    assert provisioned_for(demand, span, MB, 0.99 * level2 / 4) == 1
+    assert provisioned_for(demand, span, MB, 1.01 * level2 / 4) == 2
+    level3 = level_cost_usd(1.0, span, MB)
+    assert provisioned_for(demand, span, MB, 1.01 * level3) == 3
+    assert provisioned_for(demand, span, MB, math.inf) == 3
+    counts = [provisioned_for(demand, span, MB, price) for price in PRICE_GRID]
+    assert counts == sorted(counts)  # monotone in the price
+
+
+def test_replicas_are_environments_of_the_functions_hosting_the_expert():
+    plan = Plan(
+        "moeless",
+        [
+            ExpertPlacement(0, 0, replicas=3, function="a"),
+            ExpertPlacement(0, 1, replicas=3, function="b"),
+            ExpertPlacement(0, 2, placement="backbone", function=None),
+        ],
+        [FunctionSpec("a", [(0, 0)]), FunctionSpec("b", [(0, 1)]), FunctionSpec("c", [(0, 1)])],
+    )
+    targets = plan.invoke_targets()
+    assert targets == {(0, 0): ["a", "a", "a"], (0, 1): ["b", "c", "b"]}
+    sized = with_concurrency(plan, {"a": 3, "c": 1})
+    assert [f.provisioned_concurrency for f in sized.functions] == [3, 0, 1]
+    assert [p.provisioned_concurrency for p in sized.experts] == [3, 1, 0]
+
+
+def test_a_step_splits_an_expert_over_concurrent_environments_of_one_function():
+    from moeless.planning.cost_model import CostModel
+    from moeless.simulation.simulator import Simulator
+
+    experts = [ExpertPlacement(0, e, replicas=3 if e == 0 else 1, function=f"f{e}") for e in range(8)]
+
+    def run(provisioned: int):
+        functions = [FunctionSpec(f"f{e}", [(0, e)], MB, provisioned if e == 0 else 0) for e in range(8)]
+        routing = SampledRouting.from_loads(Loads({0: np.array([1.0] + [0.0] * 7)}, {"top_k": 1}), 1, [0], 1)
+        simulator = Simulator(Plan("moeless", experts, functions), routing, SIZE, CostModel(), GPU, HARDWARE)
+        return simulator.run([Request(0.0, 6, 1)], 1.0)
+
+    warm, cold = run(3), run(1)
+    assert warm.invokes == cold.invokes == 3 and warm.cold_starts == 0 and cold.cold_starts == 2
+    assert cold.demand["f0"].invokes == [1, 1, 1] and cold.demand["f0"].cold_starts == [0, 1, 1]
+
+
+def one_expert_shape() -> ModelShape:
+    return ModelShape(
+        name="one-hot", num_layers=1, moe_layers=(0,), num_experts=4, top_k=1, hidden=1024,
+        expert_intermediate=2816, shared_experts=0, shared_intermediate=0, dense_params=1e8,
+        kv_bytes_per_token=1024, attention_flops_per_token_per_context=0, native_dtype="bf16", source="test",
+    )  # fmt: skip
+
+
+def test_the_optimiser_finds_the_hand_sized_optimum():
+    """Every token goes to expert 0, requests 400 s apart (past the 300 s idle timeout): each
+    request but the first (the warm-up's) meets a cold function. A TTFT bound below a cold start
+    needs exactly function 0 provisioned once, nothing else; a loose one needs nothing."""
+    deployment = Deployment.choose(one_expert_shape())
+    routing = SampledRouting.from_loads(Loads({0: np.array([1.0, 0, 0, 0])}, {"top_k": 1}), 1, [0], 1)
+    replay = [Request(400.0 * n, 1, 4, n) for n in range(4)]
+    cold_ms = deployment.model.cold_start_ms(deployment.expert_size().weight_bytes)
+    tight = size_for_slo("moeless", deployment, routing, replay, 1600.0, Slo(1e6, ttft_ms=cold_ms / 2))
+    counts = {f.name: f.provisioned_concurrency for f in tight.chosen.plan.functions}
+    assert counts == {"moeless-l000-e000": 1} | {f"moeless-l000-e00{e}": 0 for e in (1, 2, 3)}
+    assert tight.chosen.summary["cold_starts"] == 0
+    loose = size_for_slo("moeless", deployment, routing, replay, 1600.0, Slo(1e6, ttft_ms=10 * cold_ms))
+    assert loose.chosen.provisioned == 0 and loose.chosen.summary["cold_starts"] == 3
+    # the tight plan costs the loose one plus function 0's provisioned environment, less its savings
+    extra = tight.chosen.usd_per_1k - loose.chosen.usd_per_1k
+    provisioned_usd = 1000 / 4 * 1600.0 * MB / 1024 * PRICES.provisioned_per_gb_second
+    assert 0 < extra <= provisioned_usd
+    assert tight.chosen.plan.params["sizing"]["usd_per_cold_start"] > 0
+
+
+def test_a_tighter_slo_never_costs_less_and_an_unreachable_one_says_what_is_reachable():
+    deployment = Deployment.choose(
+        one_expert_shape().__class__(**(one_expert_shape().__dict__ | {"top_k": 2}))
+    )
+    routing = sampled(1)
+    rng = np.random.default_rng(3)
+    times = np.sort(rng.uniform(0, 1200, 12))
+    replay = [Request(float(t), 16, 6, n) for n, t in enumerate(times)]
+    frontier = size_for_slo("moeless", deployment, routing, replay, 1200.0, Slo(1e9), frontier=True)
+    latencies = sorted({p.summary["tpot_ms_p99"] for p in frontier.points}, reverse=True)
+    costs = []
+    for bound in latencies:
+        sizing = size_for_slo("moeless", deployment, routing, replay, 1200.0, Slo(bound), frontier=True)
+        costs.append(sizing.chosen.usd_per_1k)
+        assert sizing.chosen.summary["tpot_ms_p99"] <= bound
+    assert costs == sorted(costs)
+    with pytest.raises(SloUnreachable, match="best reached is p99 TPOT") as caught:
+        size_for_slo("moeless", deployment, routing, replay, 1200.0, Slo(0.5 * min(latencies)))
+    assert caught.value.sizing.best_latency().summary["tpot_ms_p99"] == pytest.approx(min(latencies))
+
+
+def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
+    from click.testing import CliRunner
+
+    from moeless.cli.main import cli
+
+    loads = tmp_path / "loads.json"
+    layers = [
+        {"layer": 0, "counts": [50, 30, 10, 5, 3, 1, 1, 0]},
+        {"layer": 1, "counts": [5, 5, 20, 20, 20, 10, 10, 10]},
+    ]
+    loads.write_text(json.dumps({"model": "mistralai/Mixtral-8x7B-v0.1", "top_k": 2, "num_model_layers": 32,
+                                 "layers": layers}))  # fmt: skip
+    arrivals = tmp_path / "arrivals.csv"
+    arrivals.write_text("timestamp_s,input_tokens,output_tokens\n0,20,3\n5,10,4\n200,25,3\n500,5,2\n")
+    common = ["--loads", str(loads), "--arrivals", str(arrivals), "--duration", "600"]
+    plan_path = tmp_path / "plan.json"
+    runner = CliRunner()
+    refused = runner.invoke(
+        cli, ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "1", "-o", str(plan_path)]
+    )
+    assert refused.exit_code == 1 and "best reached is p99 TPOT" in refused.output and not plan_path.exists()
+    sized = runner.invoke(
+        cli,
+        ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "1e7", "--frontier", "-o", str(plan_path)],
+    )
+    assert sized.exit_code == 0, sized.output
+    plan = load_plan(plan_path)
+    assert (
+        plan.params["sizing"]["slo_tpot_ms_p99"] == 1e7
+        and plan.params["deployment"]["model"] == "mixtral-8x7b"
+    )
+    assert all(isinstance(f.provisioned_concurrency, int) for f in plan.functions)
+    assert len(plan.functions) == 32 * 8  # one function per expert, replicas as its environments
+    rows = list(csv.DictReader(plan_path.with_suffix(".frontier.csv").open()))
+    assert {r["policy"] for r in rows} >= {"moeless", "static"} and plan_path.with_suffix(
+        ".frontier.png"
+    ).is_file()
+    out = tmp_path / "sim"
+    replayed = runner.invoke(
+        cli, ["simulate", *common, "--plan", str(plan_path), "--no-plots", "-o", str(out)]
+    )
+    assert replayed.exit_code == 0, replayed.output
+    results = {r["policy"]: r for r in csv.DictReader((out / "results.csv").open())}
+    assert set(results) == {"static", "moeless"}
+    planned = plan.params["sizing"]["planned"]
+    assert float(results["moeless"]["usd_per_1k_requests"]) == pytest.approx(planned["usd_per_1k_requests"])
+    assert int(results["moeless"]["cold_starts"]) == planned["cold_starts"]
+
+
+def test_simulate_refuses_a_plan_sized_for_another_deployment(tmp_path):
+    from click.testing import CliRunner
+
+    from moeless.cli.main import cli
+
+    plan = Plan("moeless", [], [], params={"deployment": {"model": "deepseek-v3", "expert_dtype": "int8"}})
+    plan.save(tmp_path / "plan.json")
+    loads = tmp_path / "loads.json"
+    loads.write_text(json.dumps({"model": "mistralai/Mixtral-8x7B-v0.1", "top_k": 2, "num_model_layers": 32,
+                                 "layers": [{"layer": 0, "counts": [1] * 8}]}))  # fmt: skip
+    base = [
+        "simulate",
+        "--loads",
+        str(loads),
+        "--plan",
+        str(tmp_path / "plan.json"),
+        "-o",
+        str(tmp_path / "s"),
+    ]
+    wrong_dtype = CliRunner().invoke(cli, [*base, "--expert-dtype", "fp16"])
+    assert wrong_dtype.exit_code == 2 and "sized for expert_dtype int8" in wrong_dtype.output
+    wrong_model = CliRunner().invoke(cli, base)
+    assert wrong_model.exit_code == 2 and "sized for deepseek-v3" in wrong_model.output
+
+
+def test_a_sized_plan_replays_as_it_was_judged():
+    """The simulator judges a plan the same way whether the optimiser or `simulate --plan` runs it."""
+    deployment = Deployment.choose(one_expert_shape())
+    routing = SampledRouting.from_loads(Loads({0: np.array([4.0, 3, 2, 1])}, {"top_k": 1}), 1, [0], 1)
+    replay = [Request(30.0 * n, 8, 4, n) for n in range(10)]
+    sizing = size_for_slo("moeless", deployment, routing, replay, 300.0, Slo(1e9))
+    again = simulate_policy(
+        "moeless", deployment, routing, replay, 300.0, plan=sizing.chosen.plan, warm_up=True, timeline=False
+    )
+    assert again.summary()["usd_per_1k_requests"] == pytest.approx(sizing.chosen.usd_per_1k)
