@@ -219,9 +219,9 @@ def optimal_makespan(
     times: list[int], workers: int, time_limit_s: float = 20.0, bound_ok: bool = False
 ) -> int:
     """The exact minimum makespan of integer ``times`` on identical workers (OR-Tools CP-SAT, from the
-    dev extra): the yardstick LPT is measured against. With ``bound_ok``, an instance whose optimum is
-    not proven in ``time_limit_s`` gives CP-SAT's proven lower bound instead (a gap measured against
-    it can only overstate the true one)."""
+    dev extra): the yardstick :func:`lpt` and :func:`pack_makespan` are measured against. With
+    ``bound_ok``, an instance whose optimum is not proven in ``time_limit_s`` gives CP-SAT's proven
+    lower bound instead (a gap measured against it can only overstate the true one)."""
     from ortools.sat.python import cp_model
 
     model = cp_model.CpModel()
