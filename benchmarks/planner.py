@@ -6,8 +6,10 @@ Usage:
 1. Balancedness (mean per-worker load / max per-worker load, mean over layers and datasets) of
    static expert parallelism, DeepSeek EPLB's global policy, and moeless's scaler + placer, for
    W in {4, 8} workers and slot budgets S = E, 1.125E, 1.25E, 1.5E (rounded up to a multiple of W).
-2. LPT makespan against the exact optimum (OR-Tools CP-SAT) on random and real instances of up to
-   16 items on 4 workers: mean and worst gap.
+2. Makespan of plain LPT and of pack_makespan (the packer Remoe's --workers uses) against the exact
+   optimum (OR-Tools CP-SAT) on random and real instances of up to 16 items on 4 workers: mean and
+   worst gap, instances solved optimally; then the packer's time per call (median of random
+   instances) for 16 jobs on 4 workers and 256 on 16.
 3. Plan time for 48 layers x 128 experts, each policy (median of 5 runs).
 4. Remoe on Mixtral-8x7B's routing (c4): backbone-resident experts, MMP buffer, cost, and the
    Lagrangian duality gap, as the backbone memory budget varies.
@@ -26,7 +28,7 @@ from moeless.contracts.loads import Loads, load_loads
 from moeless.planning.cost_model import CostModel
 from moeless.planning.placement import balancedness, contiguous, eplb, place, replicate, worker_loads
 from moeless.planning.planner import PlanRequest, make_plan
-from moeless.planning.remoe import Workload, lpt, optimal_makespan
+from moeless.planning.remoe import Workload, lpt, optimal_makespan, pack_makespan
 
 ROUTING = Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "routing"
 
@@ -81,15 +83,33 @@ def lpt_table() -> None:
             for load in loads.layers.values()
         ],
     }
-    print("\n2. LPT vs the optimum (CP-SAT), 4 workers")
-    print(f"{'instances':<30} {'count':>5} | {'mean gap':>8} {'worst gap':>9}")
+    print("\n2. LPT and pack_makespan vs the optimum (CP-SAT), 4 workers")
+    print(
+        f"{'instances':<30} {'count':>5} | {'LPT mean':>8} {'worst':>7} {'optimal':>7} | "
+        f"{'pack mean':>9} {'worst':>7} {'optimal':>7}"
+    )
     for name, instances in sets.items():
-        gaps = []
+        gaps: dict[str, list[float]] = {"lpt": [], "pack": []}
         for times in instances:
             times = [max(1, int(t)) for t in times]
-            _, heuristic = lpt([float(t) for t in times], 4)
-            gaps.append(heuristic / optimal_makespan(times, 4) - 1)
-        print(f"{name:<30} {len(gaps):>5} | {np.mean(gaps):8.2%} {max(gaps):9.2%}")
+            optimum = optimal_makespan(times, 4)
+            for packer, found in (("lpt", lpt), ("pack", pack_makespan)):
+                gaps[packer].append(found([float(t) for t in times], 4)[1] / optimum - 1)
+        columns = " | ".join(
+            f"{np.mean(g):8.2%} {max(g):7.2%} {sum(x == 0 for x in g):7d}" for g in gaps.values()
+        )
+        print(f"{name:<30} {len(instances):>5} | {columns}")
+    for jobs, workers in ((16, 4), (256, 16)):
+        times = []
+        for _ in range(50):
+            instance = rng.uniform(1, 100, jobs).tolist()
+            started = time.perf_counter()
+            pack_makespan(instance, workers)
+            times.append(time.perf_counter() - started)
+        print(
+            f"pack_makespan, {jobs} jobs on {workers} workers: {statistics.median(times) * 1e3:.2f} ms "
+            f"median, {max(times) * 1e3:.2f} ms worst of 50"
+        )
 
 
 def timing_table() -> None:

@@ -7,7 +7,7 @@
   :func:`moeless.planning.placement.scale_replicas`), the placer balances per-worker load and, given the
   previous plan, keeps replicas where they run when that costs little balance.
 * ``remoe`` — Remoe: backbone-resident vs serverless, memory size and replicas from the
-  Lagrangian dual of the cost/memory/latency problem, LPT packing, MMP (:mod:`moeless.planning.remoe`).
+  Lagrangian dual of the cost/memory/latency problem, makespan packing, MMP (:mod:`moeless.planning.remoe`).
 
 Functions: with ``--workers W`` each (layer, worker) is one function hosting that worker's
 replicas; without, each expert is its own function and its replicas are concurrent execution
@@ -48,7 +48,7 @@ from moeless.planning.placement import (
     scale_replicas,
     worker_loads,
 )
-from moeless.planning.remoe import Workload, lpt, solve
+from moeless.planning.remoe import Workload, pack_makespan, solve
 
 POLICIES = tuple(Policy)
 # The shape make_plan gives loads built in code that name no model: Mixtral-8x7B's expert, fp32.
@@ -299,7 +299,7 @@ def _remoe(layers: dict[int, np.ndarray], request: PlanRequest, shape: ExpertSha
                 )
                 for e, _ in jobs
             ]
-            worker_of, _ = lpt(times, request.workers)
+            worker_of, _ = pack_makespan(times, request.workers)
         else:  # one function per expert, hosting all its replicas as concurrent environments
             worker_of = [e for e, _ in jobs]
         members: dict[int, list[int]] = {}

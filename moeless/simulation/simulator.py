@@ -612,8 +612,10 @@ class Simulator:
         if self.oracle:
             start = now
         else:
-            level = 1 + sum(t > now for t in function.provisioned_free_at) + sum(
-                t > now for t in function.free_at
+            level = (
+                1
+                + sum(t > now for t in function.provisioned_free_at)
+                + sum(t > now for t in function.free_at)
             )
             free = [k for k, t in enumerate(function.provisioned_free_at) if t <= now]
             if free:
