@@ -85,6 +85,12 @@ from moeless.contracts.plan import Placement, Policy
     help="With --slo-tpot-ms: simulate every point for moeless and remoe and the fleet; write "
     "OUTPUT.frontier.csv and .png (cost against p99 TPOT).",
 )
+@click.option(
+    "--no-keep-warm",
+    is_flag=True,
+    help="With --slo-tpot-ms: keep environments warm by provisioned concurrency only, never by the "
+    "backbone's pings (Lambda guarantees provisioned ones; an idle pinged one may still be reclaimed).",
+)
 @traffic_options
 @deployment_options
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
@@ -106,6 +112,7 @@ def plan(
     slo_ttft_ms: float | None,
     memory_options: tuple[int, ...],
     frontier: bool,
+    no_keep_warm: bool,
     output: Path,
     **traffic: Any,
 ) -> None:
@@ -126,8 +133,10 @@ def plan(
             traffic,
         )
         return
-    if slo_ttft_ms is not None or memory_options or frontier:
-        raise click.UsageError("--slo-ttft-ms, --memory-mb and --frontier go with --slo-tpot-ms")
+    if slo_ttft_ms is not None or memory_options or frontier or no_keep_warm:
+        raise click.UsageError(
+            "--slo-ttft-ms, --memory-mb, --frontier and --no-keep-warm go with --slo-tpot-ms"
+        )
     from moeless.contracts.loads import load_loads
     from moeless.contracts.manifest import load_manifest
     from moeless.contracts.plan import load_plan
@@ -233,7 +242,7 @@ def _sized(
         try:
             sizing = size_for_slo(
                 name, deployment, routing, replay, duration, slo, memory_options=memory_options or None,
-                frontier=frontier, seed=traffic["seed"], progress=True,
+                frontier=frontier, keep_warm=traffic["keep_warm"], seed=traffic["seed"], progress=True,
             )  # fmt: skip
         except SloUnreachable as exc:
             sizing = exc.sizing
@@ -260,7 +269,8 @@ def _sized(
     click.echo(f"plan: {policy} sized for {slo.describe()} -> {output}")
     click.echo(
         f"  {len(chosen.plan.functions)} functions of {chosen.memory_mb} MB, "
-        f"{chosen.provisioned} provisioned environments (cold start priced at ${chosen.usd_per_cold_start:g})"
+        f"{chosen.provisioned} provisioned environments, {chosen.keep_warm} kept warm by pings "
+        f"(cold start priced at ${chosen.usd_per_cold_start:g})"
     )
     click.echo(
         f"  simulated: ${summary['usd_per_1k_requests']:.2f} per 1k requests, p99 TPOT "

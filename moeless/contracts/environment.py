@@ -33,6 +33,10 @@ ALIAS = "live"
 DEFAULT_REPLAN_INTERVAL_S = 60.0
 """Seconds between re-provisioning from observed loads while serving (0: never)."""
 
+KEEP_WARM_PING_S = 240.0
+"""Seconds between the backbone's pings of a plan's kept-warm environments (under Lambda's idle
+timeout, which the simulator takes as 300 s), as served and as simulated."""
+
 DEFAULT_MAX_BATCH = 16
 """Sequences the backbone runs in one engine step."""
 

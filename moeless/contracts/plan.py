@@ -7,7 +7,7 @@ Schema (version 1, see docs/design.md)::
         "replicas": r, "workers": [...], "function": "NAME" | null, "memory_mb": m,
         "provisioned_concurrency": p}]}],
      "functions": [{"name": "NAME", "experts": [[L, e], ...], "memory_mb": m,
-        "provisioned_concurrency": p, "reserved_concurrency": r | null}],
+        "provisioned_concurrency": p, "reserved_concurrency": r | null, "keep_warm": k}],
      "estimate": {...}}
 
 The planner writes it; the local host, the backbone service and the CDK app read it. Until the
@@ -70,6 +70,9 @@ class FunctionSpec:
     memory_mb: int = DEFAULT_MEMORY_MB
     provisioned_concurrency: int = 0
     reserved_concurrency: int | None = None
+    # on-demand environments beyond the provisioned ones that the backbone keeps alive with
+    # periodic warm-up invokes (cheap, but Lambda does not promise to keep an idle one)
+    keep_warm: int = 0
 
 
 @dataclass(frozen=True)
@@ -256,6 +259,8 @@ def _check_values(plan: Plan) -> None:
             reserved is not None and reserved < spec.provisioned_concurrency
         ):
             raise PlanError(f"function {spec.name}: provisioned concurrency must be >= 0 and <= reserved")
+        if not isinstance(spec.keep_warm, int) or spec.keep_warm < 0:
+            raise PlanError(f"function {spec.name}: keep_warm must be an integer >= 0")
     for placement in plan.experts:
         if placement.placement not in tuple(Placement) or placement.replicas < 1:
             raise PlanError(

@@ -15,10 +15,16 @@ path). Provisioning level ``j`` over a span of ``S`` seconds, for memory ``m`` G
   negative (provisioning saves money) once level ``j`` is busy more than about 60% of the time;
 * saves the level's cold starts ``c_j`` on the request path.
 
+The other way to keep a level warm is to **ping** it: the backbone invokes the function's
+environments every few minutes, under the idle timeout (``moeless/serving/keep_warm.py``), for a
+request and one token's compute each (:func:`ping_cost_usd`): hundreds of times cheaper than
+provisioned GB-s, but Lambda does not promise to keep an idle environment, so it is a choice the
+user can refuse (``--no-keep-warm``).
+
 :func:`provisioned_for` prices a cold start at ``usd_per_cold_start`` (the Lagrange multiplier of
-the latency target) and provisions the highest level that pays: ``lambda * c_j >= net cost_j``.
-``lambda = 0`` provisions only what saves money outright; ``lambda = inf`` every level that saw a
-cold start. The optimiser (:mod:`moeless.simulation.sizing`) finds the smallest multiplier whose
+the latency target) and keeps each level warm the cheaper way when ``lambda * c_j`` pays for it.
+``lambda = 0`` provisions only what saves money outright; ``lambda = inf`` keeps every level that
+saw a cold start warm. The optimiser (:mod:`moeless.simulation.sizing`) finds the smallest multiplier whose
 plan meets the SLO in the simulator; the result is monotone in it, so a tighter SLO never costs less.
 """
 
@@ -64,36 +70,70 @@ def level_cost_usd(busy_s: float, span_s: float, memory_mb: int, prices: LambdaP
     return span_s * gb * prices.provisioned_per_gb_second - saved
 
 
+def ping_cost_usd(
+    span_s: float, memory_mb: int, ping_s: float, ping_ms: float, prices: LambdaPrices = PRICES
+) -> float:
+    """$ of keeping one on-demand environment alive over ``span_s`` with a warm-up invoke every
+    ``ping_s`` (one request and ``ping_ms`` of billed duration each)."""
+    per_ping = prices.per_request + math.ceil(ping_ms) / 1e3 * memory_mb / 1024 * prices.per_gb_second
+    return math.ceil(span_s / ping_s) * per_ping
+
+
+@dataclass(frozen=True)
+class Warmth:
+    """One function's answer: ``provisioned`` environments, then ``keep_warm`` more kept alive by pings."""
+
+    provisioned: int = 0
+    keep_warm: int = 0
+
+
 def provisioned_for(
     demand: LevelDemand,
     span_s: float,
     memory_mb: int,
     usd_per_cold_start: float,
     prices: LambdaPrices = PRICES,
-) -> int:
-    """The provisioned concurrency of one function: the highest level whose cold starts, at
-    ``usd_per_cold_start`` each, are worth its net cost over the span (0: none pays)."""
-    chosen = 0
+    ping_usd: float | None = None,
+) -> Warmth:
+    """How one function's levels are kept warm at ``usd_per_cold_start`` per cold start.
+
+    Each level that saw cold starts is worth keeping warm when they cost at least the cheaper way
+    to do it: provisioning (:func:`level_cost_usd`) or, where ``ping_usd`` is given, pinging an
+    on-demand environment (:func:`ping_cost_usd`); a level provisioning saves money on is always
+    provisioned. The function's provisioned concurrency is the highest provisioned level, its
+    ``keep_warm`` the pinged levels above it. Both only grow with the price.
+    """
+    provisioned = pinged = 0
     for index, (busy, cold) in enumerate(zip(demand.busy_s, demand.cold_starts, strict=True)):
-        cost = level_cost_usd(busy, span_s, memory_mb, prices)
-        worth = usd_per_cold_start * cold if cold else 0.0
-        if cost <= 0 or (cold and (math.isinf(usd_per_cold_start) or worth >= cost)):
-            chosen = index + 1
-    return chosen
+        level = index + 1
+        provision = level_cost_usd(busy, span_s, memory_mb, prices)
+        cheapest = provision if ping_usd is None else min(provision, ping_usd)
+        if provision <= 0 or (provision <= cheapest and _pays(usd_per_cold_start, cold, cheapest)):
+            provisioned = level
+        elif _pays(usd_per_cold_start, cold, cheapest):
+            pinged = level
+    return Warmth(provisioned, max(0, pinged - provisioned))
 
 
-def with_concurrency(plan: Plan, provisioned: dict[str, int]) -> Plan:
-    """``plan`` with each function's provisioned concurrency set from ``provisioned`` (absent: 0); a
-    reservation below it is raised to it, and each expert's count follows its functions'."""
+def _pays(usd_per_cold_start: float, cold_starts: int, cost: float) -> bool:
+    return cold_starts > 0 and (math.isinf(usd_per_cold_start) or usd_per_cold_start * cold_starts >= cost)
+
+
+def with_concurrency(plan: Plan, warmth: dict[str, Warmth]) -> Plan:
+    """``plan`` with each function's provisioned concurrency and kept-warm environments set from
+    ``warmth`` (absent: none); a reservation below them is raised to them, and each expert's
+    provisioned count follows its functions'."""
     functions = []
     for spec in plan.functions:
-        count = int(provisioned.get(spec.name, 0))
+        chosen = warmth.get(spec.name, Warmth())
         reserved = spec.reserved_concurrency
+        needed = chosen.provisioned + chosen.keep_warm
         functions.append(
             replace(
                 spec,
-                provisioned_concurrency=count,
-                reserved_concurrency=None if reserved is None else max(reserved, count),
+                provisioned_concurrency=chosen.provisioned,
+                keep_warm=chosen.keep_warm,
+                reserved_concurrency=None if reserved is None else max(reserved, needed),
             )
         )
     by_name = {f.name: f for f in functions}

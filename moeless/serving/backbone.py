@@ -21,6 +21,7 @@ from moeless.planning.planner import reprovision
 from moeless.serving.coalesce import StepCoalescer
 from moeless.serving.dispatch import LambdaDispatcher
 from moeless.serving.generation import GenerationEngine, PrewarmHook
+from moeless.serving.keep_warm import KeepWarm
 from moeless.serving.replanner import CombinedLoads, Replanner, RollingLoads
 from moeless.serving.stats import ServingStats
 
@@ -109,6 +110,8 @@ class Backbone:
             max_concurrency=concurrency,
             stats=self.stats,
         )
+        keeper = KeepWarm(self.plan, self.dispatcher.warm)
+        self.keep_warm = keeper.start() if keeper.needed else None
         self.coalescer = StepCoalescer(self.dispatcher)
         self.predicted_loads = RollingLoads(self.manifest.num_experts)
         self.prewarmer = prewarm or self._prewarmer(config)
@@ -176,6 +179,8 @@ class Backbone:
     def close(self) -> None:
         if self.replanner is not None:
             self.replanner.stop()
+        if self.keep_warm is not None:
+            self.keep_warm.close()
         close_prewarmer = getattr(self.prewarmer, "close", None)
         if close_prewarmer is not None:
             close_prewarmer()

@@ -44,6 +44,7 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from moeless.contracts.environment import KEEP_WARM_PING_S
 from moeless.contracts.loads import Loads
 from moeless.contracts.payload import max_tokens_per_request
 from moeless.contracts.plan import Placement, Plan
@@ -130,6 +131,7 @@ class PolicyResult:
     prewarms: int = 0
     waited_for_warmup: int = 0
     warm_up_invokes: int = 0
+    keep_warm_pings: int = 0
     steps: int = 0
     layers_simulated: int = 0
     fleet: str = ""
@@ -178,6 +180,7 @@ class PolicyResult:
 class _Function:
     memory_mb: int
     provisioned: int
+    keep_warm: int = 0  # on-demand instances the pings keep alive (they never idle out)
     free_at: list[float] = field(default_factory=list)  # per instance: when it is next idle
     provisioned_free_at: list[float] = field(default_factory=list)
     warming: list[float] = field(default_factory=list)  # pre-warmed instances: when their init ends
@@ -221,6 +224,10 @@ class Simulator:
         warm_up: the deployment's warm-up pass ran just before the first request: every function
             without provisioned concurrency has one warm environment at time 0 (its invoke and init
             are billed), which idles out like any other.
+        ping_s: a function's ``keep_warm`` environments get a warm-up invoke this often
+            (:data:`KEEP_WARM_PING_S`, under the idle timeout), so they never idle out; each ping
+            is billed as one request of one token, and the pinged environments start at time 0
+            (their inits billed).
     """
 
     def __init__(
@@ -243,6 +250,7 @@ class Simulator:
         seed: int = 0,
         timeline: bool = True,
         warm_up: bool = False,
+        ping_s: float = KEEP_WARM_PING_S,
     ) -> None:
         self.plan = plan
         self.routing = routing
@@ -272,6 +280,7 @@ class Simulator:
         self._provisioned_since = 0.0
         self._apply(plan, 0.0, ready_now=True)
         self.warm_up = warm_up and not serverful and not oracle
+        self.ping_s = ping_s
         self._demand: dict[str, LevelDemand] = {}
 
     # -- plans ------------------------------------------------------------------------------------
@@ -297,6 +306,7 @@ class Simulator:
                 ready
             ] * max(0, extra)
             function.provisioned = spec.provisioned_concurrency
+            function.keep_warm = spec.keep_warm
             functions[spec.name] = function
         self.plan = plan
         self.functions = functions
@@ -327,7 +337,7 @@ class Simulator:
             layers_simulated=len(self.layers),
         )
         usd = dict.fromkeys(("requests", "duration", "provisioned", "gpu"), 0.0)
-        if self.warm_up:
+        if not self.serverful and not self.oracle:
             self._warm_up(result, usd)
         order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
         waiting: deque[int] = deque()
@@ -414,24 +424,53 @@ class Simulator:
             usd["provisioned"] = self._provisioned_usd + self._provisioned_rate() * (
                 span - self._provisioned_since
             )
+            self._bill_pings(span, result, usd)
         result.usd = usd
         result.backbone = "" if self.serverful else self.hardware.label
         result.fleet = self.hardware.label if self.serverful else ""
         return result
 
     def _warm_up(self, result: PolicyResult, usd: dict[str, float]) -> None:
-        """The warm-up pass before traffic: one invoke of every function with nothing provisioned,
-        each a cold start (billed), leaving one warm environment idle from time 0."""
+        """Before traffic: the environments the pings keep warm start (``keep_warm`` of each
+        function), and with the warm-up pass one of every function with nothing provisioned or
+        kept warm; each is a cold start off the request path (billed), idle from time 0."""
         cold_ms = self.model.cold_start_ms(self.size.weight_bytes)
         for function in self.functions.values():
-            if function.provisioned or function.free_at:
+            wanted = function.keep_warm or (1 if self.warm_up and not function.provisioned else 0)
+            for _ in range(max(0, wanted - len(function.free_at))):
+                function.free_at.append(0.0)
+                result.warm_up_invokes += 1
+                usd["requests"] += self.model.prices.per_request
+                usd["duration"] += (
+                    math.ceil(cold_ms) / 1e3 * function.memory_mb / 1024 * self.model.prices.per_gb_second
+                )
+
+    def _bill_pings(self, span_s: float, result: PolicyResult, usd: dict[str, float]) -> None:
+        """Every ``ping_s``, each function keeping environments warm pings them all at once (its
+        provisioned ones take the first pings): one request and one token's compute each."""
+        rounds = math.ceil(span_s / self.ping_s)
+        size, prices = self.size, self.model.prices
+        for function in self.functions.values():
+            if not function.keep_warm:
                 continue
-            function.free_at.append(0.0)
-            result.warm_up_invokes += 1
-            usd["requests"] += self.model.prices.per_request
-            usd["duration"] += (
-                math.ceil(cold_ms) / 1e3 * function.memory_mb / 1024 * self.model.prices.per_gb_second
+            pings = rounds * (function.keep_warm + function.provisioned)
+            compute = self.model.expert_ms(
+                1, size.hidden, size.intermediate, self.model.vcpus(function.memory_mb), size.weight_bytes
             )
+            result.keep_warm_pings += pings
+            usd["requests"] += pings * prices.per_request
+            usd["duration"] += (
+                pings * math.ceil(compute) / 1e3 * function.memory_mb / 1024 * prices.per_gb_second
+            )
+
+    def _expire(self, function: _Function, now: float) -> None:
+        """Drop the on-demand instances idle longer than the timeout, except those the pings keep
+        alive (up to ``keep_warm`` instances in all, the most recently used first)."""
+        alive = [t for t in function.free_at if t > now or now - t <= self.idle_timeout_s]
+        if function.keep_warm > len(alive):
+            idle = sorted((t for t in function.free_at if t <= now - self.idle_timeout_s), reverse=True)
+            alive += idle[: function.keep_warm - len(alive)]
+        function.free_at = alive
 
     def _window_loads(self, window: np.ndarray) -> Loads:
         return Loads({layer: window[i].copy() for i, layer in enumerate(self.layers)})
@@ -557,8 +596,9 @@ class Simulator:
             for name in dict.fromkeys(self.targets.get((layer, int(expert)), [])):
                 function = self.functions[name]
                 function.warming = [t for t in function.warming if now - t <= self.idle_timeout_s]
+                self._expire(function, now)
                 idle = any(t <= now for t in function.provisioned_free_at) or any(
-                    t <= now and now - t <= self.idle_timeout_s for t in function.free_at
+                    t <= now for t in function.free_at
                 )
                 if idle or function.warming:
                     continue
@@ -624,7 +664,7 @@ class Simulator:
                 start = now
             else:
                 # instances idle longer than the timeout are gone; of the idle rest, reuse the latest
-                function.free_at = [t for t in function.free_at if t > now or now - t <= self.idle_timeout_s]
+                self._expire(function, now)
                 idle = [k for k, t in enumerate(function.free_at) if t <= now]
                 if idle:
                     k = max(idle, key=lambda j: function.free_at[j])

@@ -9,8 +9,9 @@
    warm-up pass, and records what each function saw by concurrency level
    (:class:`~moeless.planning.concurrency.LevelDemand`): invokes, busy seconds, cold starts.
 3. **A family of plans**, one per price of a cold start ``lambda`` on a fixed grid
-   (:data:`PRICE_GRID`, $ per cold start): each function gets the provisioned concurrency that pays
-   at that price (:func:`~moeless.planning.concurrency.provisioned_for`). The family runs from
+   (:data:`PRICE_GRID`, $ per cold start): each function gets the provisioned concurrency, and
+   with ``keep_warm`` the pinged on-demand environments, that pay at that price
+   (:func:`~moeless.planning.concurrency.provisioned_for`). The family runs from
    ``lambda = 0`` (only what saves money outright) to ``lambda = inf`` (every level that saw a cold
    start), and each function's count only grows with ``lambda``.
 4. **The simulator judges** each plan on the same traffic: p99 TPOT, p99 TTFT, every request
@@ -35,9 +36,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from moeless.contracts.environment import KEEP_WARM_PING_S
 from moeless.contracts.plan import Plan, PlanEstimate
 from moeless.errors import SimulationError
-from moeless.planning.concurrency import provisioned_for, with_concurrency, with_memory
+from moeless.planning.concurrency import ping_cost_usd, provisioned_for, with_concurrency, with_memory
 from moeless.planning.cost_model import EXPERT_DTYPES, MEMORY_OPTIONS_MB
 from moeless.simulation.policies import Deployment, plan_for_policy, simulate_policy
 from moeless.simulation.routing import StepRouting
@@ -84,6 +86,10 @@ class FrontierPoint:
     def provisioned(self) -> int:
         return sum(f.provisioned_concurrency for f in self.plan.functions)
 
+    @property
+    def keep_warm(self) -> int:
+        return sum(f.keep_warm for f in self.plan.functions)
+
     def row(self) -> dict[str, Any]:
         """The point as a CSV row (frontier.csv)."""
         summary = self.summary
@@ -92,6 +98,7 @@ class FrontierPoint:
             "memory_mb": self.memory_mb,
             "usd_per_cold_start": self.usd_per_cold_start,
             "provisioned": self.provisioned,
+            "keep_warm": self.keep_warm,
             "usd_per_1k_requests": self.usd_per_1k,
             "tpot_ms_p99": summary["tpot_ms_p99"],
             "ttft_ms_p99": summary["ttft_ms_p99"],
@@ -138,6 +145,17 @@ def lambda_floor_ms(deployment: Deployment, memory_mb: int) -> float:
     return len(deployment.shape.moe_layers) * (model.invoke_ms(1, size.hidden) + expert / speedup)
 
 
+def _ping_usd(deployment: Deployment, memory_mb: int, span_s: float) -> float:
+    """What keeping one environment of ``memory_mb`` alive by pings costs over the span."""
+    model, size = deployment.model, deployment.expert_size()
+    speedup = EXPERT_DTYPES[deployment.expert_dtype].compute_speedup
+    ping_ms = (
+        model.expert_ms(1, size.hidden, size.intermediate, model.vcpus(memory_mb), size.weight_bytes)
+        / speedup
+    )
+    return ping_cost_usd(span_s, memory_mb, KEEP_WARM_PING_S, ping_ms, model.prices)
+
+
 def default_memory_options(deployment: Deployment) -> list[int]:
     """The smallest full-vCPU size that holds one expert, and the next one up."""
     smallest = deployment.model.function_memory_mb(deployment.expert_size().weight_bytes)
@@ -155,6 +173,7 @@ def size_for_slo(
     *,
     memory_options: list[int] | None = None,
     frontier: bool = False,
+    keep_warm: bool = True,
     prewarm: dict[str, PrewarmModel] | None = None,
     seed: int = 0,
     progress: bool = False,
@@ -188,7 +207,8 @@ def size_for_slo(
 
     points: list[FrontierPoint] = []
     for memory in memories:
-        family = _Family(with_memory(base, memory), memory, duration_s, run)
+        ping_usd = _ping_usd(deployment, memory, duration_s) if keep_warm else None
+        family = _Family(with_memory(base, memory), memory, duration_s, run, ping_usd)
         if frontier:
             for price in PRICE_GRID:
                 family.point(price)
@@ -212,21 +232,30 @@ def size_for_slo(
 class _Family:
     """The plans of one memory size, one per price of a cold start, each simulated once."""
 
-    def __init__(self, plan: Plan, memory_mb: int, span_s: float, run: Callable[[Plan], PolicyResult]):
+    def __init__(
+        self,
+        plan: Plan,
+        memory_mb: int,
+        span_s: float,
+        run: Callable[[Plan], PolicyResult],
+        ping_usd: float | None,
+    ) -> None:
         self.plan, self.memory_mb, self.span_s, self.run = plan, memory_mb, span_s, run
+        self.ping_usd = ping_usd
         self.probe = run(plan)  # nothing provisioned: what each function's demand is measured on
         self.points: list[FrontierPoint] = []
-        self._summaries: dict[tuple[int, ...], dict[str, Any]] = {}
+        self._summaries: dict[tuple[tuple[int, int], ...], dict[str, Any]] = {}
 
     def point(self, price: float) -> FrontierPoint:
-        counts = {
-            name: provisioned_for(demand, self.span_s, self.memory_mb, price)
+        warmth = {
+            name: provisioned_for(demand, self.span_s, self.memory_mb, price, ping_usd=self.ping_usd)
             for name, demand in self.probe.demand.items()
         }
-        sized = with_concurrency(self.plan, counts)
-        key = tuple(f.provisioned_concurrency for f in sized.functions)
+        sized = with_concurrency(self.plan, warmth)
+        key = tuple((f.provisioned_concurrency, f.keep_warm) for f in sized.functions)
         if key not in self._summaries:  # nothing provisioned is the probe itself
-            self._summaries[key] = self.run(sized).summary() if any(key) else self.probe.summary()
+            warm = any(p or k for p, k in key)
+            self._summaries[key] = self.run(sized).summary() if warm else self.probe.summary()
         found = FrontierPoint(self.memory_mb, price, sized, self._summaries[key])
         self.points.append(found)
         return found
@@ -251,6 +280,7 @@ def _annotated(chosen: FrontierPoint, sizing: Sizing, deployment: Deployment) ->
     summary = chosen.summary
     params = dict(chosen.plan.params) | {
         "warm_up": True,
+        "keep_warm_ping_s": KEEP_WARM_PING_S,
         "deployment": deployment.params(),
         "sizing": {
             "slo_tpot_ms_p99": sizing.slo.tpot_ms,

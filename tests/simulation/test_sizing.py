@@ -15,7 +15,14 @@ from moeless.aws_prices import PRICES
 from moeless.contracts.loads import Loads
 from moeless.contracts.plan import ExpertPlacement, FunctionSpec, Plan, load_plan
 from moeless.model.shapes import ModelShape
-from moeless.planning.concurrency import LevelDemand, level_cost_usd, provisioned_for, with_concurrency
+from moeless.planning.concurrency import (
+    LevelDemand,
+    Warmth,
+    level_cost_usd,
+    ping_cost_usd,
+    provisioned_for,
+    with_concurrency,
+)
 from moeless.simulation.policies import Deployment, simulate_policy
 from moeless.simulation.routing import SampledRouting
 from moeless.simulation.simulator import Request
@@ -35,15 +42,29 @@ def test_a_level_is_provisioned_exactly_when_its_cold_starts_pay_for_it():
         demand.add(2, 0.0, True)
     demand.add(3, 1.0, True)  # level 3: one cold start
     assert level_cost_usd(700.0, span, MB) < 0 < level_cost_usd(5.0, span, MB)
-    assert provisioned_for(demand, span, MB, 0.0) == 1  # only what saves money outright
+    assert provisioned_for(demand, span, MB, 0.0) == Warmth(1, 0)  # only what saves money outright
     level2 = level_cost_usd(5.0, span, MB)  # 4 cold starts must be worth this
-    assert provisioned_for(demand, span, MB, 0.99 * level2 / 4) == 1
-    assert provisioned_for(demand, span, MB, 1.01 * level2 / 4) == 2
+    assert provisioned_for(demand, span, MB, 0.99 * level2 / 4) == Warmth(1, 0)
+    assert provisioned_for(demand, span, MB, 1.01 * level2 / 4) == Warmth(2, 0)
     level3 = level_cost_usd(1.0, span, MB)
-    assert provisioned_for(demand, span, MB, 1.01 * level3) == 3
-    assert provisioned_for(demand, span, MB, math.inf) == 3
-    counts = [provisioned_for(demand, span, MB, price) for price in PRICE_GRID]
+    assert provisioned_for(demand, span, MB, 1.01 * level3) == Warmth(3, 0)
+    assert provisioned_for(demand, span, MB, math.inf) == Warmth(3, 0)
+    counts = [provisioned_for(demand, span, MB, price).provisioned for price in PRICE_GRID]
     assert counts == sorted(counts)  # monotone in the price
+
+
+def test_levels_that_pings_keep_warm_for_less_are_pinged_not_provisioned():
+    span = 1000.0
+    demand = LevelDemand()
+    for _ in range(700):
+        demand.add(1, 1.0, False)
+    demand.add(2, 5.0, True)
+    demand.add(3, 1.0, True)
+    ping = ping_cost_usd(span, MB, 240.0, 11.0)
+    assert 0 < ping < level_cost_usd(1.0, span, MB) / 100  # a ping a few minutes is far cheaper
+    assert provisioned_for(demand, span, MB, 0.5 * ping, ping_usd=ping) == Warmth(1, 0)
+    assert provisioned_for(demand, span, MB, 1.01 * ping, ping_usd=ping) == Warmth(1, 2)
+    assert provisioned_for(demand, span, MB, math.inf, ping_usd=ping) == Warmth(1, 2)
 
 
 def test_replicas_are_environments_of_the_functions_hosting_the_expert():
@@ -58,8 +79,9 @@ def test_replicas_are_environments_of_the_functions_hosting_the_expert():
     )
     targets = plan.invoke_targets()
     assert targets == {(0, 0): ["a", "a", "a"], (0, 1): ["b", "c", "b"]}
-    sized = with_concurrency(plan, {"a": 3, "c": 1})
+    sized = with_concurrency(plan, {"a": Warmth(3, 0), "c": Warmth(1, 2)})
     assert [f.provisioned_concurrency for f in sized.functions] == [3, 0, 1]
+    assert [f.keep_warm for f in sized.functions] == [0, 0, 2]
     assert [p.provisioned_concurrency for p in sized.experts] == [3, 1, 0]
 
 
@@ -91,22 +113,34 @@ def one_expert_shape() -> ModelShape:
 def test_the_optimiser_finds_the_hand_sized_optimum():
     """Every token goes to expert 0, requests 400 s apart (past the 300 s idle timeout): each
     request but the first (the warm-up's) meets a cold function. A TTFT bound below a cold start
-    needs exactly function 0 provisioned once, nothing else; a loose one needs nothing."""
+    needs exactly function 0 kept warm once, nothing else: by provisioned concurrency, or more
+    cheaply by pings; a loose bound needs nothing."""
     deployment = Deployment.choose(one_expert_shape())
     routing = SampledRouting.from_loads(Loads({0: np.array([1.0, 0, 0, 0])}, {"top_k": 1}), 1, [0], 1)
     replay = [Request(400.0 * n, 1, 4, n) for n in range(4)]
     cold_ms = deployment.model.cold_start_ms(deployment.expert_size().weight_bytes)
-    tight = size_for_slo("moeless", deployment, routing, replay, 1600.0, Slo(1e6, ttft_ms=cold_ms / 2))
-    counts = {f.name: f.provisioned_concurrency for f in tight.chosen.plan.functions}
-    assert counts == {"moeless-l000-e000": 1} | {f"moeless-l000-e00{e}": 0 for e in (1, 2, 3)}
-    assert tight.chosen.summary["cold_starts"] == 0
-    loose = size_for_slo("moeless", deployment, routing, replay, 1600.0, Slo(1e6, ttft_ms=10 * cold_ms))
-    assert loose.chosen.provisioned == 0 and loose.chosen.summary["cold_starts"] == 3
-    # the tight plan costs the loose one plus function 0's provisioned environment, less its savings
-    extra = tight.chosen.usd_per_1k - loose.chosen.usd_per_1k
-    provisioned_usd = 1000 / 4 * 1600.0 * MB / 1024 * PRICES.provisioned_per_gb_second
-    assert 0 < extra <= provisioned_usd
-    assert tight.chosen.plan.params["sizing"]["usd_per_cold_start"] > 0
+    tight, loose = Slo(1e6, ttft_ms=cold_ms / 2), Slo(1e6, ttft_ms=10 * cold_ms)
+    only_expert_0 = {"moeless-l000-e000": 1} | {f"moeless-l000-e00{e}": 0 for e in (1, 2, 3)}
+
+    def sized(slo: Slo, keep_warm: bool):
+        chosen = size_for_slo("moeless", deployment, routing, replay, 1600.0, slo, keep_warm=keep_warm).chosen
+        return chosen, {f.name: (f.provisioned_concurrency, f.keep_warm) for f in chosen.plan.functions}
+
+    provisioned, counts = sized(tight, keep_warm=False)
+    assert {name: p for name, (p, _) in counts.items()} == only_expert_0
+    assert provisioned.summary["cold_starts"] == 0 and provisioned.keep_warm == 0
+    pinged, counts = sized(tight, keep_warm=True)
+    assert {name: k for name, (_, k) in counts.items()} == only_expert_0 and pinged.provisioned == 0
+    assert pinged.summary["cold_starts"] == 0
+    cheapest, counts = sized(loose, keep_warm=False)
+    assert cheapest.provisioned == 0 and cheapest.summary["cold_starts"] == 3
+    # provisioning costs the loose plan plus function 0's environment for the span, less its
+    # savings; pings cost far less than that
+    extra = provisioned.usd_per_1k - cheapest.usd_per_1k
+    environment_usd = 1000 / 4 * 1600.0 * MB / 1024 * PRICES.provisioned_per_gb_second
+    assert 0 < extra <= environment_usd
+    assert pinged.usd_per_1k < provisioned.usd_per_1k
+    assert provisioned.plan.params["sizing"]["usd_per_cold_start"] > 0
 
 
 def test_a_tighter_slo_never_costs_less_and_an_unreachable_one_says_what_is_reachable():
