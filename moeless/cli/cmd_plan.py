@@ -80,6 +80,14 @@ from moeless.contracts.plan import Placement, Policy
     "expert, and one vCPU more]. Repeatable.",
 )
 @click.option(
+    "--replica-scale",
+    "replica_scales",
+    type=click.IntRange(1, 64),
+    multiple=True,
+    help="With --slo-tpot-ms: factors on the planner's replicas to choose from [1 and 4]; more "
+    "replicas split a prefill over more concurrent environments. Repeatable.",
+)
+@click.option(
     "--frontier",
     is_flag=True,
     help="With --slo-tpot-ms: simulate every point for moeless and remoe and the fleet; write "
@@ -111,6 +119,7 @@ def plan(
     slo_tpot_ms: float | None,
     slo_ttft_ms: float | None,
     memory_options: tuple[int, ...],
+    replica_scales: tuple[int, ...],
     frontier: bool,
     no_keep_warm: bool,
     output: Path,
@@ -121,6 +130,8 @@ def plan(
     With --slo-tpot-ms: the cheapest provisioned concurrency per function that meets the SLO on
     the given traffic, as the simulator replays it over the whole model."""
     if slo_tpot_ms is not None:
+        traffic["keep_warm"] = not no_keep_warm
+        traffic["replica_scales"] = list(replica_scales) or None
         _sized(
             policy,
             loads_path,
@@ -133,9 +144,9 @@ def plan(
             traffic,
         )
         return
-    if slo_ttft_ms is not None or memory_options or frontier or no_keep_warm:
+    if slo_ttft_ms is not None or memory_options or replica_scales or frontier or no_keep_warm:
         raise click.UsageError(
-            "--slo-ttft-ms, --memory-mb, --frontier and --no-keep-warm go with --slo-tpot-ms"
+            "--slo-ttft-ms, --memory-mb, --replica-scale, --frontier and --no-keep-warm go with --slo-tpot-ms"
         )
     from moeless.contracts.loads import load_loads
     from moeless.contracts.manifest import load_manifest
@@ -242,7 +253,8 @@ def _sized(
         try:
             sizing = size_for_slo(
                 name, deployment, routing, replay, duration, slo, memory_options=memory_options or None,
-                frontier=frontier, keep_warm=traffic["keep_warm"], seed=traffic["seed"], progress=True,
+                replica_scales=traffic["replica_scales"], frontier=frontier, keep_warm=traffic["keep_warm"],
+                seed=traffic["seed"], progress=True,
             )  # fmt: skip
         except SloUnreachable as exc:
             sizing = exc.sizing
@@ -269,6 +281,7 @@ def _sized(
     click.echo(f"plan: {policy} sized for {slo.describe()} -> {output}")
     click.echo(
         f"  {len(chosen.plan.functions)} functions of {chosen.memory_mb} MB, "
+        f"replicas x{chosen.replica_scale}, "
         f"{chosen.provisioned} provisioned environments, {chosen.keep_warm} kept warm by pings "
         f"(cold start priced at ${chosen.usd_per_cold_start:g})"
     )

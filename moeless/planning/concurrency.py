@@ -155,3 +155,12 @@ def with_memory(plan: Plan, memory_mb: int) -> Plan:
     functions: list[FunctionSpec] = [replace(f, memory_mb=memory_mb) for f in plan.functions]
     experts = [p if p.function is None else replace(p, memory_mb=memory_mb) for p in plan.experts]
     return replace(plan, experts=experts, functions=functions)
+
+
+def with_replicas(plan: Plan, scale: int) -> Plan:
+    """``plan`` with every function-hosted expert's replicas multiplied by ``scale`` (more
+    concurrent environments of the same functions; the functions are unchanged)."""
+    if scale == 1:
+        return plan
+    experts = [p if p.function is None else replace(p, replicas=p.replicas * scale) for p in plan.experts]
+    return replace(plan, experts=experts)

@@ -19,8 +19,11 @@
    (feasibility grows with ``lambda``), with ``frontier`` every point, which also gives the
    cost-latency frontier. When even ``lambda = inf`` misses the SLO, :class:`SloUnreachable` says so
    with the best latency reached.
-5. **Memory** is a decision too: each size in ``memory_options`` (default: the smallest that holds
-   the expert, and one vCPU more) runs steps 2-4 and the cheapest feasible wins.
+5. **Memory and replicas** are decisions too: each size in ``memory_options`` (default: the
+   smallest that holds the expert, and one vCPU more) and each factor of ``replica_scales`` on
+   the planner's replicas (default 1 and 4: more replicas split a prefill over more concurrent
+   environments, shortening the step that stalls every decoding sequence, for more invokes and
+   more environments to keep warm) runs steps 2-4; the cheapest feasible wins.
 
 Why the simulator in the loop rather than a queueing bound alone: an MoE step's invokes are not a
 Poisson stream (a prefill touches every expert of every layer at once; decode touches a few per
@@ -31,6 +34,7 @@ latency target tolerates depends on the request mix. The rule in step 3 is the q
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -39,11 +43,19 @@ from typing import Any
 from moeless.contracts.environment import KEEP_WARM_PING_S
 from moeless.contracts.plan import Plan, PlanEstimate
 from moeless.errors import SimulationError
-from moeless.planning.concurrency import ping_cost_usd, provisioned_for, with_concurrency, with_memory
+from moeless.planning.concurrency import (
+    ping_cost_usd,
+    provisioned_for,
+    with_concurrency,
+    with_memory,
+    with_replicas,
+)
 from moeless.planning.cost_model import EXPERT_DTYPES, MEMORY_OPTIONS_MB
 from moeless.simulation.policies import Deployment, plan_for_policy, simulate_policy
 from moeless.simulation.routing import StepRouting
 from moeless.simulation.simulator import PolicyResult, PrewarmModel, Request
+
+DEFAULT_REPLICA_SCALES = (1, 4)
 
 # $ per cold start on the request path: 0, 1e-5 .. 10 in quarter decades, and infinity
 PRICE_GRID: tuple[float, ...] = (0.0, *(10 ** (k / 4) for k in range(-20, 5)), math.inf)
@@ -77,6 +89,7 @@ class FrontierPoint:
     usd_per_cold_start: float
     plan: Plan
     summary: dict[str, Any]
+    replica_scale: int = 1
 
     @property
     def usd_per_1k(self) -> float:
@@ -96,6 +109,7 @@ class FrontierPoint:
         return {
             "policy": self.plan.policy,
             "memory_mb": self.memory_mb,
+            "replica_scale": self.replica_scale,
             "usd_per_cold_start": self.usd_per_cold_start,
             "provisioned": self.provisioned,
             "keep_warm": self.keep_warm,
@@ -172,6 +186,7 @@ def size_for_slo(
     slo: Slo,
     *,
     memory_options: list[int] | None = None,
+    replica_scales: list[int] | None = None,
     frontier: bool = False,
     keep_warm: bool = True,
     prewarm: dict[str, PrewarmModel] | None = None,
@@ -206,9 +221,11 @@ def size_for_slo(
         )
 
     points: list[FrontierPoint] = []
-    for memory in memories:
+    for memory, scale in itertools.product(memories, replica_scales or DEFAULT_REPLICA_SCALES):
         ping_usd = _ping_usd(deployment, memory, duration_s) if keep_warm else None
-        family = _Family(with_memory(base, memory), memory, duration_s, run, ping_usd)
+        family = _Family(
+            with_replicas(with_memory(base, memory), scale), memory, duration_s, run, ping_usd, scale
+        )
         if frontier:
             for price in PRICE_GRID:
                 family.point(price)
@@ -239,8 +256,10 @@ class _Family:
         span_s: float,
         run: Callable[[Plan], PolicyResult],
         ping_usd: float | None,
+        replica_scale: int = 1,
     ) -> None:
         self.plan, self.memory_mb, self.span_s, self.run = plan, memory_mb, span_s, run
+        self.replica_scale = replica_scale
         self.ping_usd = ping_usd
         self.probe = run(plan)  # nothing provisioned: what each function's demand is measured on
         self.points: list[FrontierPoint] = []
@@ -256,7 +275,7 @@ class _Family:
         if key not in self._summaries:  # nothing provisioned is the probe itself
             warm = any(p or k for p, k in key)
             self._summaries[key] = self.run(sized).summary() if warm else self.probe.summary()
-        found = FrontierPoint(self.memory_mb, price, sized, self._summaries[key])
+        found = FrontierPoint(self.memory_mb, price, sized, self._summaries[key], self.replica_scale)
         self.points.append(found)
         return found
 
@@ -287,6 +306,7 @@ def _annotated(chosen: FrontierPoint, sizing: Sizing, deployment: Deployment) ->
             "slo_ttft_ms_p99": sizing.slo.ttft_ms,
             "usd_per_cold_start": chosen.usd_per_cold_start,
             "memory_mb": chosen.memory_mb,
+            "replica_scale": chosen.replica_scale,
             "lambda_floor_tpot_ms": sizing.floor_ms,
             "planned": {
                 key: summary[key]
