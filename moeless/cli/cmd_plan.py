@@ -94,6 +94,13 @@ from moeless.contracts.plan import Placement, Policy
     "OUTPUT.frontier.csv and .png (cost against p99 TPOT).",
 )
 @click.option(
+    "--replan-interval",
+    "replan_s",
+    type=click.FloatRange(0, min_open=True),
+    help="With --slo-tpot-ms: the plan carries the forecasting re-planner, re-sizing every function "
+    "this often (s) at the plan's price of a cold start; sized and replayed with it.",
+)
+@click.option(
     "--no-keep-warm",
     is_flag=True,
     help="With --slo-tpot-ms: keep environments warm by provisioned concurrency only, never by the "
@@ -121,6 +128,7 @@ def plan(
     memory_options: tuple[int, ...],
     replica_scales: tuple[int, ...],
     frontier: bool,
+    replan_s: float | None,
     no_keep_warm: bool,
     output: Path,
     **traffic: Any,
@@ -132,6 +140,7 @@ def plan(
     if slo_tpot_ms is not None:
         traffic["keep_warm"] = not no_keep_warm
         traffic["replica_scales"] = list(replica_scales) or None
+        traffic["replan_s"] = replan_s
         _sized(
             policy,
             loads_path,
@@ -144,9 +153,10 @@ def plan(
             traffic,
         )
         return
-    if slo_ttft_ms is not None or memory_options or replica_scales or frontier or no_keep_warm:
+    if slo_ttft_ms is not None or memory_options or replica_scales or frontier or no_keep_warm or replan_s:
         raise click.UsageError(
-            "--slo-ttft-ms, --memory-mb, --replica-scale, --frontier and --no-keep-warm go with --slo-tpot-ms"
+            "--slo-ttft-ms, --memory-mb, --replica-scale, --frontier, --replan-interval and --no-keep-warm "
+            "go with --slo-tpot-ms"
         )
     from moeless.contracts.loads import load_loads
     from moeless.contracts.manifest import load_manifest
@@ -254,6 +264,7 @@ def _sized(
             sizing = size_for_slo(
                 name, deployment, routing, replay, duration, slo, memory_options=memory_options or None,
                 replica_scales=traffic["replica_scales"], frontier=frontier, keep_warm=traffic["keep_warm"],
+                replan_s=traffic["replan_s"],
                 seed=traffic["seed"], progress=True,
             )  # fmt: skip
         except SloUnreachable as exc:

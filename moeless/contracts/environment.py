@@ -33,6 +33,10 @@ ALIAS = "live"
 DEFAULT_REPLAN_INTERVAL_S = 60.0
 """Seconds between re-provisioning from observed loads while serving (0: never)."""
 
+IDLE_TIMEOUT_S = 300.0
+"""How long Lambda keeps an idle on-demand environment, as the simulator and the re-planner take it
+(AWS publishes no figure; observed lifetimes are minutes): an assumption."""
+
 KEEP_WARM_PING_S = 240.0
 """Seconds between the backbone's pings of a plan's kept-warm environments (under Lambda's idle
 timeout, which the simulator takes as 300 s), as served and as simulated."""

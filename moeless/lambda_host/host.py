@@ -16,14 +16,13 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from moeless.contracts.environment import IDLE_TIMEOUT_S
 from moeless.lambda_host.instance import FunctionConfig
 from moeless.lambda_host.meter import BillingMeter
 from moeless.lambda_host.pool import FunctionNotFound, FunctionPool
 
 # Lambda's default account limit is 1,000 concurrent executions; one machine runs far fewer processes.
 DEFAULT_MAX_INSTANCES = 64
-# Lambda keeps an idle environment for minutes (unspecified, typically 5-15); locally a shorter default.
-DEFAULT_IDLE_TIMEOUT_S = 300.0
 
 
 class LambdaHost:
@@ -43,7 +42,7 @@ class LambdaHost:
         functions: list[FunctionConfig],
         port: int = 0,
         max_instances: int = DEFAULT_MAX_INSTANCES,
-        idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        idle_timeout_s: float = IDLE_TIMEOUT_S,
         log_dir: Path | None = None,
     ) -> None:
         names = [f.name for f in functions]

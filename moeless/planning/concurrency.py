@@ -40,12 +40,13 @@ from moeless.contracts.plan import ExpertPlacement, FunctionSpec, Plan
 @dataclass
 class LevelDemand:
     """One function's invokes over a span, by concurrency level (index ``j - 1`` for level ``j``):
-    how many arrived there, how long they kept an environment busy (s), and how many waited for a
-    cold or still-initialising environment on the request path."""
+    how many arrived there, how long they kept an environment busy (s), and how many found their
+    level idle for longer than the idle timeout: a cold start on the request path unless the
+    level is kept warm (counted whether or not it was, so a warm level's need stays visible)."""
 
-    invokes: list[int] = field(default_factory=list)
+    invokes: list[float] = field(default_factory=list)
     busy_s: list[float] = field(default_factory=list)
-    cold_starts: list[int] = field(default_factory=list)
+    cold_starts: list[float] = field(default_factory=list)
 
     def add(self, level: int, busy_s: float, cold: bool) -> None:
         while len(self.invokes) < level:
@@ -164,3 +165,161 @@ def with_replicas(plan: Plan, scale: int) -> Plan:
         return plan
     experts = [p if p.function is None else replace(p, replicas=p.replicas * scale) for p in plan.experts]
     return replace(plan, experts=experts)
+
+
+class LevelClock:
+    """When each concurrency level of each function was last in use: an invoke at level j uses
+    levels 1..j (that many environments were busy at once). Tells whether an invoke's level was
+    idle longer than ``idle_timeout_s``, i.e. whether on-demand Lambda alone would have had a
+    cold environment for it. The simulator and the serving path count cold starts this way."""
+
+    def __init__(self, idle_timeout_s: float) -> None:
+        self.idle_timeout_s = idle_timeout_s
+        self._last: dict[str, list[float]] = {}
+
+    def touch(self, function: str, level: int, now: float) -> bool:
+        """Record an invoke at ``level``; returns whether that level was idle past the timeout."""
+        last = self._last.setdefault(function, [])
+        idle = level > len(last) or now - last[level - 1] > self.idle_timeout_s
+        last.extend([now] * (level - len(last)))
+        last[:level] = [now] * level
+        return idle
+
+    def warmed(self, function: str, levels: int, now: float) -> None:
+        """``levels`` environments of ``function`` were just warmed (a warm-up pass)."""
+        last = self._last.setdefault(function, [])
+        last.extend([now] * (levels - len(last)))
+        last[:levels] = [now] * levels
+
+
+class Hysteresis:
+    """Let a proposed provisioned count through only once it has been proposed ``up_after`` (rising)
+    or ``down_after`` (falling) re-plans in a row."""
+
+    def __init__(self, up_after: int = 1, down_after: int = 3) -> None:
+        self.up_after, self.down_after = up_after, down_after
+        self._streak: dict[str, tuple[int, int]] = {}  # function -> (proposed value, times in a row)
+
+    def admit(self, function: str, current: int, proposed: int) -> int:
+        """The value to apply now: ``proposed`` once it has persisted, else ``current``."""
+        if proposed == current:
+            self._streak.pop(function, None)
+            return current
+        value, times = self._streak.get(function, (proposed, 0))
+        times = times + 1 if value == proposed else 1
+        self._streak[function] = (proposed, times)
+        needed = self.up_after if proposed > current else self.down_after
+        if times >= needed:
+            self._streak.pop(function, None)
+            return proposed
+        return current
+
+
+@dataclass
+class _Forecast:
+    busy_per_s: list[float] = field(default_factory=list)
+    cold_per_s: list[float] = field(default_factory=list)
+
+
+class ForecastReplanner:
+    """Re-sizes each function's warmth every window from a forecast of the next one.
+
+    The forecaster, per function and level: an exponentially weighted mean of the busy seconds and
+    the idle-past-timeout invokes per second over past windows (weight ``smoothing`` on the
+    newest), held up to the newest window's value when that is higher (a rising burst is met at
+    once). The forecast demand for one window is sized by :func:`provisioned_for` at the plan's
+    price of a cold start, so a re-plan and the plan it started from answer the same question.
+
+    :class:`Hysteresis` lets increases through at once and a decrease only once it was proposed
+    ``down_after`` windows in a row: provisioned concurrency is billed in 5-minute steps and takes
+    minutes to be ready, so one quiet window must not drop what the next burst needs. A re-plan
+    never drops a provisioned environment that is serving an invoke (``in_flight``).
+    """
+
+    def __init__(
+        self,
+        memory_mb: dict[str, int],
+        usd_per_cold_start: float,
+        ping_usd_per_s: float | None = None,
+        smoothing: float = 0.5,
+        down_after: int = 3,
+        prices: LambdaPrices = PRICES,
+    ) -> None:
+        self.memory_mb = memory_mb
+        self.usd_per_cold_start = usd_per_cold_start
+        self.ping_usd_per_s = ping_usd_per_s
+        self.smoothing = smoothing
+        self.prices = prices
+        self.hysteresis = Hysteresis(up_after=1, down_after=down_after)
+        self._forecast: dict[str, _Forecast] = {}
+
+    @classmethod
+    def from_plan(cls, plan: Plan) -> ForecastReplanner | None:
+        """The re-planner a sized plan asks for in ``params["replan"]`` (``None``: it has none).
+
+        Keys: ``interval_s``, ``usd_per_cold_start`` (``null``: infinite), ``ping_usd_per_s``
+        (``null``: provisioned concurrency only), ``smoothing``, ``down_after``."""
+        params = plan.params.get("replan")
+        if not isinstance(params, dict):
+            return None
+        price = params.get("usd_per_cold_start")
+        ping = params.get("ping_usd_per_s")
+        return cls(
+            {f.name: f.memory_mb for f in plan.functions},
+            math.inf if price is None else float(price),
+            None if ping is None else float(ping),
+            float(params.get("smoothing", 0.5)),
+            int(params.get("down_after", 3)),
+        )
+
+    def forecast(self, window: dict[str, LevelDemand], window_s: float) -> dict[str, LevelDemand]:
+        """Fold one window into the forecast; returns the demand expected in the next window."""
+        expected = {}
+        for name in set(self._forecast) | set(window):
+            state = self._forecast.setdefault(name, _Forecast())
+            seen = window.get(name, LevelDemand())
+            levels = max(len(state.busy_per_s), len(seen.busy_s))
+            demand = LevelDemand()
+            for index in range(levels):
+                busy = seen.busy_s[index] / window_s if index < len(seen.busy_s) else 0.0
+                cold = seen.cold_starts[index] / window_s if index < len(seen.cold_starts) else 0.0
+                if index < len(state.busy_per_s):
+                    old_busy, old_cold = state.busy_per_s[index], state.cold_per_s[index]
+                    state.busy_per_s[index] = (1 - self.smoothing) * old_busy + self.smoothing * busy
+                    state.cold_per_s[index] = (1 - self.smoothing) * old_cold + self.smoothing * cold
+                else:
+                    state.busy_per_s.append(busy)
+                    state.cold_per_s.append(cold)
+                demand.invokes.append(0.0)
+                demand.busy_s.append(max(busy, state.busy_per_s[index]) * window_s)
+                demand.cold_starts.append(max(cold, state.cold_per_s[index]) * window_s)
+            expected[name] = demand
+        return expected
+
+    def update(
+        self,
+        window: dict[str, LevelDemand],
+        window_s: float,
+        current: dict[str, Warmth],
+        in_flight: dict[str, int] | None = None,
+    ) -> dict[str, Warmth]:
+        """The warmth of every function in ``current`` for the next window (see the class doc)."""
+        expected = self.forecast(window, window_s)
+        busy_now = in_flight or {}
+        chosen = {}
+        for name, now in current.items():
+            memory = self.memory_mb.get(name, 1769)
+            ping = None if self.ping_usd_per_s is None else self.ping_usd_per_s * window_s
+            proposal = provisioned_for(
+                expected.get(name, LevelDemand()),
+                window_s,
+                memory,
+                self.usd_per_cold_start,
+                self.prices,
+                ping,
+            )
+            provisioned = self.hysteresis.admit(f"{name}/provisioned", now.provisioned, proposal.provisioned)
+            provisioned = max(provisioned, min(now.provisioned, busy_now.get(name, 0)))
+            kept = self.hysteresis.admit(f"{name}/keep_warm", now.keep_warm, proposal.keep_warm)
+            chosen[name] = Warmth(provisioned, kept)
+        return chosen

@@ -104,6 +104,9 @@ class CostModel:
     # at once end about 7 x this after one alone); on AWS each sandbox has its own CPU
     cold_start_serial_ms_local: float = COLD_START_SERIAL_MS_LOCAL
     cold_start_serial_ms_aws: float = 0.0
+    # seconds from asking for more provisioned concurrency until it serves: AWS documents no
+    # figure ("it can take a few minutes"): an assumption
+    provisioning_delay_s: float = 120.0
     # resident set of an expert function beyond its weights (python, numpy, onnxruntime): an estimate
     runtime_overhead_mb: int = 400
     # in-process expert time on the backbone's GPU relative to one Lambda vCPU: an assumption

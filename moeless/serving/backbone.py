@@ -17,6 +17,7 @@ from moeless.contracts.environment import ALIAS, DEFAULT_MAX_BATCH, DEFAULT_REPL
 from moeless.contracts.manifest import load_manifest
 from moeless.contracts.plan import Plan, plan_for
 from moeless.model.reference import eos_token_ids
+from moeless.planning.concurrency import ForecastReplanner
 from moeless.planning.planner import reprovision
 from moeless.serving.coalesce import StepCoalescer
 from moeless.serving.dispatch import LambdaDispatcher
@@ -116,7 +117,20 @@ class Backbone:
         self.predicted_loads = RollingLoads(self.manifest.num_experts)
         self.prewarmer = prewarm or self._prewarmer(config)
         self.replanner: Replanner | None = None
-        if config.replan_interval_s > 0:
+        forecaster = ForecastReplanner.from_plan(self.plan)
+        if forecaster is not None:  # a sized plan's own re-planner, at its own interval
+            self.replanner = Replanner(
+                self.plan,
+                self.predicted_loads,
+                reprovision,
+                client,
+                config.qualifier or ALIAS,
+                float(self.plan.params["replan"]["interval_s"]),
+                forecaster=forecaster,
+                demand=self.dispatcher.take_demand,
+                on_plan=self.keep_warm.follow if self.keep_warm is not None else None,
+            ).start()
+        elif config.replan_interval_s > 0:
             self.dispatcher.observed = RollingLoads(self.manifest.num_experts)
             self.replanner = Replanner(
                 self.plan,

@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 
-from moeless.contracts.environment import ALIAS
+from moeless.contracts.environment import ALIAS, IDLE_TIMEOUT_S
 from moeless.contracts.manifest import Manifest
 from moeless.contracts.payload import decode_matrix, encode_request, max_tokens_per_request, payload_json
 from moeless.contracts.plan import Placement, Plan
 from moeless.experts.runtime import OnnxExpertPool
+from moeless.planning.concurrency import LevelClock, LevelDemand
 from moeless.serving.replanner import RollingLoads
 from moeless.serving.stats import ServingStats
 
@@ -93,6 +94,11 @@ class LambdaDispatcher:
         # rather than starting a second cold one beside it
         self.warming: dict[str, threading.Event] = {}
         self.hidden_size = manifest.hidden_size
+        # what each function saw since the last take_demand(), by concurrency level: the forecasting
+        # re-planner's input (the simulator counts it the same way)
+        self._demand: dict[str, LevelDemand] = {}
+        self._levels = LevelClock(IDLE_TIMEOUT_S)
+        self._invokes_in_flight: dict[str, int] = {}
         self._lock = threading.Lock()
         self._pool = ThreadPoolExecutor(max_concurrency, thread_name_prefix="invoke")
 
@@ -138,6 +144,12 @@ class LambdaDispatcher:
                     slices.append((name, start, end))
                     start = end
             return slices
+
+    def take_demand(self) -> tuple[dict[str, LevelDemand], dict[str, int]]:
+        """The demand by level since the last call (and forget it), and the invokes in flight now."""
+        with self._lock:
+            demand, self._demand = self._demand, {}
+            return demand, {name: n for name, n in self._invokes_in_flight.items() if n}
 
     def warm(self, function: str, layer: int, expert: int) -> None:
         """A warm-up invoke (one zero row), off the request path; counted apart from serving invokes."""
@@ -190,7 +202,10 @@ class LambdaDispatcher:
             self.stats.inc("waited_for_warmup")
             warming.wait(timeout=30)
         self.stats.inc("invokes")
-        self.last_used[function] = time.monotonic()
+        started = self.last_used[function] = time.monotonic()
+        with self._lock:
+            level = self._invokes_in_flight[function] = self._invokes_in_flight.get(function, 0) + 1
+            idle = self._levels.touch(function, level, started)
         try:
             response = self.client.invoke(FunctionName=function, Payload=payload, **kwargs)
             body = json.loads(response["Payload"].read())
@@ -201,6 +216,11 @@ class LambdaDispatcher:
         except (BotoCoreError, OSError, ValueError) as exc:
             self.stats.inc("invoke_errors")
             raise InvokeFailure(f"{function}: {exc}") from exc
+        finally:
+            with self._lock:
+                self._invokes_in_flight[function] -= 1
+                demand = self._demand.setdefault(function, LevelDemand())
+                demand.add(level, time.monotonic() - started, idle)
         if response.get("FunctionError") or not isinstance(body, dict) or "error" in body:
             self.stats.inc("invoke_errors")
             raise InvokeFailure(f"{function}: {str(body)[:200]}")

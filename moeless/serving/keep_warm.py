@@ -40,15 +40,20 @@ class KeepWarm:
         self.plan = plan
         self.warm = warm
         self.ping_s = float(ping_s or plan.params.get("keep_warm_ping_s") or KEEP_WARM_PING_S)
+        self.kept: dict[str, tuple[tuple[int, int], int]] = {}
+        self.follow(plan)
+        self.pings = 0
+        self._pool = ThreadPoolExecutor(max(1, max_concurrency), thread_name_prefix="keep-warm")
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def follow(self, plan: Plan) -> None:
+        """Keep warm what ``plan`` keeps warm from the next round on (a re-plan changed it)."""
         self.kept = {
             f.name: (f.experts[0], f.provisioned_concurrency + f.keep_warm)
             for f in plan.functions
             if f.keep_warm and f.experts
         }
-        self.pings = 0
-        self._pool = ThreadPoolExecutor(max(1, max_concurrency), thread_name_prefix="keep-warm")
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
 
     @property
     def needed(self) -> bool:
@@ -79,7 +84,7 @@ class KeepWarm:
         def loop() -> None:
             if self.plan.params.get("warm_up"):
                 self.warm_up()
-            while not self._stop.wait(self.ping_s if self.kept else 1e9):
+            while not self._stop.wait(self.ping_s):
                 self.ping_round()
 
         self._thread = threading.Thread(target=loop, name="keep-warm", daemon=True)

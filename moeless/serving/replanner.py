@@ -21,6 +21,7 @@ import numpy as np
 from moeless.contracts.environment import ALIAS
 from moeless.contracts.loads import Loads
 from moeless.contracts.plan import Plan
+from moeless.planning.concurrency import ForecastReplanner, Hysteresis, LevelDemand, Warmth, with_concurrency
 from moeless.planning.provisioning import Change, apply_changes, plan_changes
 
 
@@ -88,29 +89,6 @@ class CombinedLoads:
         return Loads(dict(sorted(layers.items())), dict(snapshots[0].meta))
 
 
-class Hysteresis:
-    """Let a proposed provisioned count through only once it has been proposed ``up_after`` (rising)
-    or ``down_after`` (falling) re-plans in a row."""
-
-    def __init__(self, up_after: int = 1, down_after: int = 3) -> None:
-        self.up_after, self.down_after = up_after, down_after
-        self._streak: dict[str, tuple[int, int]] = {}  # function -> (proposed value, times in a row)
-
-    def admit(self, function: str, current: int, proposed: int) -> int:
-        """The value to apply now: ``proposed`` once it has persisted, else ``current``."""
-        if proposed == current:
-            self._streak.pop(function, None)
-            return current
-        value, times = self._streak.get(function, (proposed, 0))
-        times = times + 1 if value == proposed else 1
-        self._streak[function] = (proposed, times)
-        needed = self.up_after if proposed > current else self.down_after
-        if times >= needed:
-            self._streak.pop(function, None)
-            return proposed
-        return current
-
-
 class Replanner:
     """Periodically re-provision the deployed plan's functions from rolling loads.
 
@@ -132,10 +110,21 @@ class Replanner:
         alias: str = ALIAS,
         interval_s: float = 60.0,
         hysteresis: Hysteresis | None = None,
+        forecaster: ForecastReplanner | None = None,
+        demand: Callable[[], tuple[dict[str, LevelDemand], dict[str, int]]] | None = None,
+        on_plan: Callable[[Plan], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.plan = plan
         self.loads = loads
         self.reprovision = reprovision
+        # a sized plan's re-planner (moeless plan --replan-interval): the demand by level since the
+        # last step, forecast and sized as the simulator does, instead of the rolling-rate rule
+        self.forecaster = forecaster
+        self.demand = demand
+        self.on_plan = on_plan
+        self.clock = clock
+        self._last_step = clock()
         self.client = lambda_client
         self.alias = alias
         self.interval_s = interval_s
@@ -147,6 +136,8 @@ class Replanner:
 
     def step(self) -> list[Change]:
         """One re-plan: propose, filter by hysteresis, apply the provisioned changes that pass."""
+        if self.forecaster is not None and self.demand is not None:
+            return self._forecast_step(self.forecaster, self.demand)
         loads = self.loads.snapshot()
         if loads is None:
             return []
@@ -160,6 +151,24 @@ class Replanner:
         apply_changes(self.client, changes, self.alias)
         self.plan = proposed
         self.applied += changes
+        return changes
+
+    def _forecast_step(
+        self,
+        forecaster: ForecastReplanner,
+        demand: Callable[[], tuple[dict[str, LevelDemand], dict[str, int]]],
+    ) -> list[Change]:
+        now = self.clock()
+        window_s, self._last_step = max(now - self._last_step, 1e-3), now
+        window, in_flight = demand()
+        current = {f.name: Warmth(f.provisioned_concurrency, f.keep_warm) for f in self.plan.functions}
+        proposed = with_concurrency(self.plan, forecaster.update(window, window_s, current, in_flight))
+        changes = [c for c in plan_changes(self.client, proposed, self.alias) if c.setting == "provisioned"]
+        apply_changes(self.client, changes, self.alias)
+        self.plan = proposed
+        self.applied += changes
+        if self.on_plan is not None:
+            self.on_plan(proposed)
         return changes
 
     def start(self) -> Replanner:

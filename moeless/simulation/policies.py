@@ -26,6 +26,7 @@ from moeless.contracts.loads import Loads
 from moeless.contracts.plan import Plan
 from moeless.errors import PlanError, SimulationError
 from moeless.model.shapes import ModelShape
+from moeless.planning.concurrency import ForecastReplanner
 from moeless.planning.cost_model import EXPERT_DTYPES, CostModel, ExpertShape
 from moeless.planning.instances import CATALOGUE, Fleet, Instance, cheapest_fleet
 from moeless.simulation.arrivals import Arrivals
@@ -238,17 +239,21 @@ def simulate_policy(
     With ``replan_s`` the serverless policies re-plan from the loads of each window of that length;
     with ``predictors`` moeless and remoe pre-warm what their predictor foresees (``prewarm``, a
     policy -> model map measured by ``predict eval``; ``PREDICTORS`` where it names none); with
-    ``warm_up`` the deployment's warm-up pass runs before the first request.
+    ``warm_up`` the deployment's warm-up pass runs before the first request. A given plan that asks
+    for the forecasting re-planner (``params["replan"]``) runs with it.
     """
+    reprovision = None
     if plan is None:
         plan = plan_for_policy(name, routing.loads(), deployment)
+    elif (reprovision := ForecastReplanner.from_plan(plan)) is not None:
+        replan_s = float(plan.params["replan"]["interval_s"])
     serverful = name == "static"
     oracle = name == "oracle"
 
     def replan(window: Loads) -> Plan:
         return plan_for_policy(name, window, deployment)
 
-    use_replan = replan_s is not None and not serverful and not oracle
+    use_replan = replan_s is not None and not serverful and not oracle and reprovision is None
     result = Simulator(
         plan,
         routing,
@@ -261,6 +266,7 @@ def simulate_policy(
         max_batch=deployment.max_batch,
         compute_speedup=EXPERT_DTYPES[deployment.expert_dtype].compute_speedup,
         replan=replan if use_replan else None,
+        reprovision=reprovision,
         replan_s=replan_s or 60.0,
         prewarm=(PREDICTORS | (prewarm or {})).get(name) if predictors else None,
         seed=seed,

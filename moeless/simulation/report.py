@@ -28,6 +28,7 @@ COLUMNS = (
     "steps",
     "replans",
     "prewarms",
+    "one_off_usd",
     "fleet",
     "backbone",
 )

@@ -44,16 +44,14 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
-from moeless.contracts.environment import KEEP_WARM_PING_S
+from moeless.contracts.environment import IDLE_TIMEOUT_S, KEEP_WARM_PING_S
 from moeless.contracts.loads import Loads
 from moeless.contracts.payload import max_tokens_per_request
 from moeless.contracts.plan import Placement, Plan
-from moeless.planning.concurrency import LevelDemand
+from moeless.planning.concurrency import ForecastReplanner, LevelClock, LevelDemand, Warmth, with_concurrency
 from moeless.planning.cost_model import CostModel, ExpertShape
 from moeless.simulation.roofline import Hardware
 from moeless.simulation.routing import StepRouting
-
-IDLE_TIMEOUT_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -132,6 +130,9 @@ class PolicyResult:
     waited_for_warmup: int = 0
     warm_up_invokes: int = 0
     keep_warm_pings: int = 0
+    # once per deployment, not per request: the warm-up pass and the first init of every kept
+    # environment before traffic (what a deploy pays once; not in usd_per_1k_requests)
+    one_off_usd: float = 0.0
     steps: int = 0
     layers_simulated: int = 0
     fleet: str = ""
@@ -170,6 +171,7 @@ class PolicyResult:
             "steps": self.steps,
             "replans": self.replans,
             "prewarms": self.prewarms,
+            "one_off_usd": self.one_off_usd,
             "fleet": self.fleet,
             "backbone": self.backbone,
             "usd_per_1k_by_component": {k: 1000 * v / served for k, v in self.usd.items()},
@@ -183,6 +185,7 @@ class _Function:
     keep_warm: int = 0  # on-demand instances the pings keep alive (they never idle out)
     free_at: list[float] = field(default_factory=list)  # per instance: when it is next idle
     provisioned_free_at: list[float] = field(default_factory=list)
+    provisioned_since: list[float] = field(default_factory=list)  # when each was enabled (billing)
     warming: list[float] = field(default_factory=list)  # pre-warmed instances: when their init ends
 
 
@@ -219,7 +222,11 @@ class Simulator:
         compute_speedup: the expert dtype's CPU speed relative to fp32 (``EXPERT_DTYPES``).
         replan: called every ``replan_s`` simulated seconds with the loads seen in that window; its
             plan replaces the current one (instances of functions it keeps stay; provisioned
-            instances it adds are ready after a cold start).
+            instances it adds are ready ``CostModel.provisioning_delay_s`` later, and each one
+            removed is billed up to the next 5-minute step since it was enabled).
+        reprovision: instead, every ``replan_s`` seconds the forecasting re-planner re-sizes each
+            function's provisioned and kept-warm environments from the window's demand by level
+            (the code the serving path runs), applied the same way.
         timeline: keep every busy interval and piece for the plots (costly on whole models).
         warm_up: the deployment's warm-up pass ran just before the first request: every function
             without provisioned concurrency has one warm environment at time 0 (its invoke and init
@@ -245,6 +252,7 @@ class Simulator:
         compute_speedup: float = 1.0,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         replan: Callable[[Loads], Plan] | None = None,
+        reprovision: ForecastReplanner | None = None,
         replan_s: float = 60.0,
         prewarm: PrewarmModel | None = None,
         seed: int = 0,
@@ -265,6 +273,7 @@ class Simulator:
         self.compute_speedup = compute_speedup
         self.idle_timeout_s = idle_timeout_s
         self.replan = replan
+        self.reprovision = reprovision
         self.replan_s = replan_s
         self.prewarm = prewarm
         self.timeline = timeline
@@ -278,10 +287,12 @@ class Simulator:
         self.replans = -1
         self._provisioned_usd = 0.0
         self._provisioned_since = 0.0
+        self._demand: dict[str, LevelDemand] = {}
+        self._window_demand: dict[str, LevelDemand] = {}
+        self._levels = LevelClock(idle_timeout_s)
         self._apply(plan, 0.0, ready_now=True)
         self.warm_up = warm_up and not serverful and not oracle
         self.ping_s = ping_s
-        self._demand: dict[str, LevelDemand] = {}
 
     # -- plans ------------------------------------------------------------------------------------
 
@@ -296,16 +307,23 @@ class Simulator:
         """Switch to ``plan`` at ``now``: keep the instances of functions it keeps."""
         self._provisioned_usd += self._provisioned_rate() * (now - self._provisioned_since)
         self._provisioned_since = now
-        ready = now if ready_now else now + self.model.cold_start_ms(self.size.weight_bytes) / 1e3
+        ready = now if ready_now else now + self.model.provisioning_delay_s
+        step = self.model.prices.provisioned_step_s
         functions = {}
         for spec in plan.functions:
             function = self.functions.get(spec.name) or _Function(spec.memory_mb, 0)
+            count = spec.provisioned_concurrency
+            for since in function.provisioned_since[count:]:  # removed: billed to the next step
+                enabled = now - since
+                rounded = math.ceil(enabled / step - 1e-9) * step
+                self._provisioned_usd += self.model.provisioned_usd_per_s(function.memory_mb, 1) * (
+                    rounded - enabled
+                )
+            extra = max(0, count - len(function.provisioned_free_at))
+            function.provisioned_free_at = function.provisioned_free_at[:count] + [ready] * extra
+            function.provisioned_since = function.provisioned_since[:count] + [now] * extra
             function.memory_mb = spec.memory_mb
-            extra = spec.provisioned_concurrency - len(function.provisioned_free_at)
-            function.provisioned_free_at = function.provisioned_free_at[: spec.provisioned_concurrency] + [
-                ready
-            ] * max(0, extra)
-            function.provisioned = spec.provisioned_concurrency
+            function.provisioned = count
             function.keep_warm = spec.keep_warm
             functions[spec.name] = function
         self.plan = plan
@@ -345,12 +363,13 @@ class Simulator:
         active: list[list[_Sequence]] = [[] for _ in range(self.hardware.loops)]
         steps: list[_Step | None] = [None] * self.hardware.loops
         finished_at = [math.nan] * len(requests)
-        # events: (time_s, tiebreak, loop, layer index); layer index 0 starts a step
+        # events: (time_s, tiebreak, loop, layer index); layer index 0 starts a step, loop -1 re-plans
         events = [(0.0, n, n, 0) for n in range(self.hardware.loops)]
+        if self.replan is not None or self.reprovision is not None:
+            events.append((self.replan_s, len(events), -1, 0))
         heapq.heapify(events)
         tiebreak = len(events)
         window = np.zeros((len(self.layers), self.routing.num_experts))
-        next_replan = self.replan_s
         bar = tqdm(
             total=len(requests),
             desc=f"simulating {result.policy}",
@@ -362,15 +381,21 @@ class Simulator:
             now, _, loop, layer_index = heapq.heappop(events)
             if now > horizon:
                 break
+            if loop < 0:  # a re-plan, on the clock whether or not steps are running
+                if self.replan is not None:
+                    if window.sum():
+                        self._apply(self.replan(self._window_loads(window)), now)
+                    window[:] = 0
+                else:
+                    self._reprovision(now, self.replan_s, usd)
+                if result.completed < len(requests) or now + self.replan_s <= duration_s:
+                    tiebreak += 1
+                    heapq.heappush(events, (now + self.replan_s, tiebreak, -1, 0))
+                continue
             if layer_index == 0:
                 while arrived < len(order) and requests[order[arrived]].arrival_s <= now:
                     waiting.append(order[arrived])
                     arrived += 1
-                if self.replan is not None and now >= next_replan:
-                    if window.sum():
-                        self._apply(self.replan(self._window_loads(window)), now)
-                    window[:] = 0
-                    next_replan = now + self.replan_s
                 while waiting and len(active[loop]) < self.max_batch:
                     active[loop].append(_Sequence(waiting.popleft()))
                 if not active[loop]:
@@ -430,18 +455,50 @@ class Simulator:
         result.fleet = self.hardware.label if self.serverful else ""
         return result
 
+    def _reprovision(self, now: float, window_s: float, usd: dict[str, float]) -> None:
+        """One re-plan of the forecasting re-planner over the window just ended."""
+        assert self.reprovision is not None
+        current = {f.name: Warmth(f.provisioned_concurrency, f.keep_warm) for f in self.plan.functions}
+        in_flight = {
+            name: sum(t > now for t in function.provisioned_free_at)
+            for name, function in self.functions.items()
+        }
+        warmth = self.reprovision.update(self._window_demand, window_s, current, in_flight)
+        self._window_demand = {}
+        if warmth != current:
+            self._apply(with_concurrency(self.plan, warmth), now)
+            cold_ms = self.model.cold_start_ms(self.size.weight_bytes)
+            for name, chosen in warmth.items():  # newly kept environments start from a ping now
+                function = self.functions[name]
+                new = chosen.keep_warm - len(function.free_at) - len(function.warming)
+                if new > 0:
+                    function.warming += [now + cold_ms / 1e3] * new
+                    usd["requests"] += new * self.model.prices.per_request
+                    usd["duration"] += (
+                        new
+                        * math.ceil(cold_ms)
+                        / 1e3
+                        * function.memory_mb
+                        / 1024
+                        * self.model.prices.per_gb_second
+                    )
+        else:
+            self.replans += 1
+
     def _warm_up(self, result: PolicyResult, usd: dict[str, float]) -> None:
         """Before traffic: the environments the pings keep warm start (``keep_warm`` of each
         function), and with the warm-up pass one of every function with nothing provisioned or
-        kept warm; each is a cold start off the request path (billed), idle from time 0."""
+        kept warm; each is a cold start off the request path, idle from time 0, billed once per
+        deployment (``one_off_usd``)."""
         cold_ms = self.model.cold_start_ms(self.size.weight_bytes)
-        for function in self.functions.values():
+        for name, function in self.functions.items():
             wanted = function.keep_warm or (1 if self.warm_up and not function.provisioned else 0)
+            if self.warm_up:
+                self._levels.warmed(name, max(wanted, function.provisioned, 1), 0.0)
             for _ in range(max(0, wanted - len(function.free_at))):
                 function.free_at.append(0.0)
                 result.warm_up_invokes += 1
-                usd["requests"] += self.model.prices.per_request
-                usd["duration"] += (
+                result.one_off_usd += self.model.prices.per_request + (
                     math.ceil(cold_ms) / 1e3 * function.memory_mb / 1024 * self.model.prices.per_gb_second
                 )
 
@@ -684,8 +741,11 @@ class Simulator:
                     k = len(function.free_at) - 1
                     start = now + cold_ms / 1e3
                 function.free_at[k] = start + busy_ms / 1e3
-            # a wait for a cold or still-warming environment is a cold start on the request path
-            self._demand.setdefault(name, LevelDemand()).add(level, busy_ms / 1e3, start > now)
+            # demand by level, its cold starts as on-demand Lambda alone would have had them
+            idle = self._levels.touch(name, level, now)
+            self._demand.setdefault(name, LevelDemand()).add(level, busy_ms / 1e3, idle)
+            if self.reprovision is not None:
+                self._window_demand.setdefault(name, LevelDemand()).add(level, busy_ms / 1e3, idle)
         rate = (
             self.model.prices.provisioned_duration_per_gb_second
             if provisioned

@@ -189,6 +189,7 @@ def size_for_slo(
     replica_scales: list[int] | None = None,
     frontier: bool = False,
     keep_warm: bool = True,
+    replan_s: float | None = None,
     prewarm: dict[str, PrewarmModel] | None = None,
     seed: int = 0,
     progress: bool = False,
@@ -223,9 +224,13 @@ def size_for_slo(
     points: list[FrontierPoint] = []
     for memory, scale in itertools.product(memories, replica_scales or DEFAULT_REPLICA_SCALES):
         ping_usd = _ping_usd(deployment, memory, duration_s) if keep_warm else None
-        family = _Family(
-            with_replicas(with_memory(base, memory), scale), memory, duration_s, run, ping_usd, scale
-        )
+        replan = None
+        if replan_s:
+            round_usd = _ping_usd(deployment, memory, KEEP_WARM_PING_S)  # one round of pings
+            ping_per_s = round_usd / KEEP_WARM_PING_S if keep_warm else None
+            replan = {"interval_s": replan_s, "ping_usd_per_s": ping_per_s, "smoothing": 0.5, "down_after": 3}
+        plan = with_replicas(with_memory(base, memory), scale)
+        family = _Family(plan, memory, duration_s, run, ping_usd, scale, replan)
         if frontier:
             for price in PRICE_GRID:
                 family.point(price)
@@ -257,13 +262,15 @@ class _Family:
         run: Callable[[Plan], PolicyResult],
         ping_usd: float | None,
         replica_scale: int = 1,
+        replan: dict[str, Any] | None = None,
     ) -> None:
         self.plan, self.memory_mb, self.span_s, self.run = plan, memory_mb, span_s, run
         self.replica_scale = replica_scale
+        self.replan = replan
         self.ping_usd = ping_usd
         self.probe = run(plan)  # nothing provisioned: what each function's demand is measured on
         self.points: list[FrontierPoint] = []
-        self._summaries: dict[tuple[tuple[int, int], ...], dict[str, Any]] = {}
+        self._summaries: dict[tuple[Any, ...], dict[str, Any]] = {}
 
     def point(self, price: float) -> FrontierPoint:
         warmth = {
@@ -271,9 +278,13 @@ class _Family:
             for name, demand in self.probe.demand.items()
         }
         sized = with_concurrency(self.plan, warmth)
-        key = tuple((f.provisioned_concurrency, f.keep_warm) for f in sized.functions)
-        if key not in self._summaries:  # nothing provisioned is the probe itself
-            warm = any(p or k for p, k in key)
+        if self.replan is not None:  # the re-planner prices cold starts as the plan was sized
+            params = self.replan | {"usd_per_cold_start": None if math.isinf(price) else price}
+            sized = replace(sized, params=sized.params | {"replan": params})
+        counts = tuple((f.provisioned_concurrency, f.keep_warm) for f in sized.functions)
+        key = (counts, price if self.replan is not None else None)
+        if key not in self._summaries:  # nothing provisioned and no re-planner is the probe itself
+            warm = any(p or k for p, k in counts) or self.replan is not None
             self._summaries[key] = self.run(sized).summary() if warm else self.probe.summary()
         found = FrontierPoint(self.memory_mb, price, sized, self._summaries[key], self.replica_scale)
         self.points.append(found)

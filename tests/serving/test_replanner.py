@@ -75,3 +75,36 @@ def test_serving_reprovisions_the_busy_functions_then_lets_them_go(tiny):
         down = replanner.step()
         assert {c.function for c in down} == warm and all(c.after == 0 for c in down)
         assert replanner.errors == 0
+
+
+def test_a_sized_plan_reprovisions_integer_concurrency_from_the_demand_it_serves(tiny, tmp_path):
+    """The plan's own re-planner (moeless plan --replan-interval) reads the dispatcher's demand by
+    level: an expert with 2 replicas is invoked twice at once, so its function needs 2 provisioned
+    environments at an infinite price of a cold start; the host gets exactly that."""
+    from dataclasses import replace
+
+    from moeless.contracts.plan import Plan
+
+    artifacts = tiny.package("mixtral")
+    base = one_function_per_expert(load_manifest(artifacts))
+    experts = [replace(p, replicas=2) if p.layer == 0 else p for p in base.experts]
+    params = {"replan": {"interval_s": 3600.0, "usd_per_cold_start": None, "ping_usd_per_s": None}}
+    plan_path = tmp_path / "plan.json"
+    Plan("moeless", experts, base.functions, params=params).save(plan_path)
+    with serving(artifacts, plan_path=plan_path) as (_, backbone, host):
+        replanner = backbone.replanner
+        assert replanner is not None and replanner.forecaster is not None
+        for prompt in PROMPTS[:2]:
+            sequence = backbone.engine.submit(
+                backbone.encode(prompt), SamplingParams(4, temperature=0), lambda e: None
+            )
+            assert sequence.done.wait(60)
+        changes = replanner.step()
+        provisioned = {c.function: c.after for c in changes}
+        first_layer = {f.name for f in base.functions if f.experts[0][0] == 0}
+        assert provisioned and set(provisioned) <= {f.name for f in base.functions}
+        assert max(provisioned[name] for name in provisioned if name in first_layer) == 2
+        assert all(provisioned[name] == 1 for name in provisioned if name not in first_layer)
+        name = next(iter(provisioned))
+        wait_for(lambda: host.pools[name].provisioned_status("live")["Status"] == "READY")
+        assert replanner.errors == 0

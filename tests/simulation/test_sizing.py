@@ -16,6 +16,7 @@ from moeless.contracts.loads import Loads
 from moeless.contracts.plan import ExpertPlacement, FunctionSpec, Plan, load_plan
 from moeless.model.shapes import ModelShape
 from moeless.planning.concurrency import (
+    ForecastReplanner,
     LevelDemand,
     Warmth,
     level_cost_usd,
@@ -99,7 +100,10 @@ def test_a_step_splits_an_expert_over_concurrent_environments_of_one_function():
 
     warm, cold = run(3), run(1)
     assert warm.invokes == cold.invokes == 3 and warm.cold_starts == 0 and cold.cold_starts == 2
-    assert cold.demand["f0"].invokes == [1, 1, 1] and cold.demand["f0"].cold_starts == [0, 1, 1]
+    # demand by level; its cold starts are those on-demand Lambda alone would have had (the
+    # first use of each level), whatever was provisioned
+    assert cold.demand["f0"].invokes == [1, 1, 1] and cold.demand["f0"].cold_starts == [1, 1, 1]
+    assert warm.demand["f0"].cold_starts == [1, 1, 1]
 
 
 def one_expert_shape() -> ModelShape:
@@ -248,3 +252,71 @@ def test_a_sized_plan_replays_as_it_was_judged():
         "moeless", deployment, routing, replay, 300.0, plan=sizing.chosen.plan, warm_up=True, timeline=False
     )
     assert again.summary()["usd_per_1k_requests"] == pytest.approx(sizing.chosen.usd_per_1k)
+
+
+def busy_window(levels: int, cold_each: float, busy_each: float = 1.0) -> LevelDemand:
+    demand = LevelDemand()
+    for level in range(1, levels + 1):
+        demand.add(level, busy_each, False)
+        demand.cold_starts[level - 1] = cold_each
+    return demand
+
+
+def test_the_replanner_rises_at_once_falls_after_it_persists_and_keeps_what_is_in_flight():
+    # at $0.001 a cold start, 2 a window pay for a level's minute; a quarter of one does not
+    replanner = ForecastReplanner({"f": MB}, usd_per_cold_start=1e-3, smoothing=0.5, down_after=3)
+    up = replanner.update({"f": busy_window(3, 2.0)}, 60.0, {"f": Warmth(0, 0)})
+    assert up == {"f": Warmth(3, 0)}  # a burst is met at once
+    history, now = [], up
+    for _ in range(8):
+        now = replanner.update({}, 60.0, now, in_flight={"f": 2})
+        history.append(now["f"].provisioned)
+    # the forecast halves each quiet window; the drop is proposed from the 3rd window on and let
+    # through only after 3 proposals in a row, and never below the 2 environments serving invokes
+    assert history[:4] == [3, 3, 3, 3] and history[-1] == 2 and history == sorted(history, reverse=True)
+    for _ in range(3):
+        now = replanner.update({}, 60.0, now, in_flight={})
+    assert now["f"].provisioned == 0
+
+
+def test_the_forecast_holds_a_rising_window_and_smooths_a_falling_one():
+    replanner = ForecastReplanner({"f": MB}, usd_per_cold_start=1.0, smoothing=0.5)
+    first = replanner.forecast({"f": busy_window(1, 4.0, busy_each=30.0)}, 60.0)["f"]
+    assert first.cold_starts == [4.0] and first.busy_s == [30.0]
+    falling = replanner.forecast({"f": busy_window(1, 0.0, busy_each=10.0)}, 60.0)["f"]
+    assert falling.cold_starts == [2.0] and falling.busy_s == [20.0]  # half way down
+    rising = replanner.forecast({"f": busy_window(1, 8.0, busy_each=50.0)}, 60.0)["f"]
+    assert rising.cold_starts == [8.0] and rising.busy_s == [50.0]  # the newest window, held
+
+
+def test_a_sized_plan_with_a_replanner_replays_with_it():
+    deployment = Deployment.choose(one_expert_shape())
+    routing = SampledRouting.from_loads(Loads({0: np.array([4.0, 3, 2, 1])}, {"top_k": 1}), 1, [0], 1)
+    replay = [Request(30.0 * n, 8, 4, n) for n in range(20)]
+    sizing = size_for_slo("moeless", deployment, routing, replay, 600.0, Slo(1e9), replan_s=60.0)
+    plan = sizing.chosen.plan
+    assert plan.params["replan"]["interval_s"] == 60.0 and plan.params["replan"]["ping_usd_per_s"] > 0
+    result = simulate_policy(
+        "moeless", deployment, routing, replay, 600.0, plan=plan, warm_up=True, timeline=False
+    )
+    assert result.replans >= 9  # on the clock, once a minute
+    assert result.summary()["usd_per_1k_requests"] == pytest.approx(sizing.chosen.usd_per_1k)
+
+
+def test_provisioned_environments_a_replan_removes_are_billed_in_whole_five_minute_steps():
+    """A burst in the first minute: the re-plan at 60 s provisions one environment; the forecast
+    halves each quiet window until the 4th (at 300 s) no longer pays for it, and with no
+    hysteresis it goes then, 240 s after it was enabled: billed 300 s, not 240."""
+    from moeless.planning.cost_model import CostModel
+    from moeless.simulation.simulator import Simulator
+
+    experts = [ExpertPlacement(0, e, function=f"f{e}") for e in range(8)]
+    functions = [FunctionSpec(f"f{e}", [(0, e)], MB) for e in range(8)]
+    routing = SampledRouting.from_loads(Loads({0: np.array([1.0] + [0.0] * 7)}, {"top_k": 1}), 1, [0], 1)
+    burst = [Request(float(t), 1, 2, n) for n, t in enumerate(np.linspace(0, 50, 20))]
+    replanner = ForecastReplanner({f.name: MB for f in functions}, usd_per_cold_start=1e-4, down_after=1)
+    simulator = Simulator(Plan("moeless", experts, functions), routing, SIZE, CostModel(), GPU, HARDWARE,
+                          reprovision=replanner, replan_s=60.0, idle_timeout_s=1.0)  # fmt: skip
+    result = simulator.run(burst, 600.0)
+    step_usd = 300 * MB / 1024 * PRICES.provisioned_per_gb_second
+    assert result.usd["provisioned"] == pytest.approx(step_usd)
