@@ -36,7 +36,6 @@ ARRIVALS = {
 LOADS = DATA / "routing" / "olmoe_c4.json"
 MODEL = "deepseek-v3"
 UNIFORM_LEVELS = (0, 1, 2)
-FLOOR_FACTOR = 1.5
 
 
 def setting(rate: float, trace: str, window_s: float) -> tuple[Any, Any, list[Any]]:
@@ -56,34 +55,33 @@ def setting(rate: float, trace: str, window_s: float) -> tuple[Any, Any, list[An
 
 def summary_of(result: Any) -> dict[str, Any]:
     summary = result.summary()
-    keys = (
-        "requests",
-        "completed",
-        "usd_per_1k_requests",
-        "tpot_ms_p99",
-        "ttft_ms_p99",
-        "cold_starts",
-        "invokes",
-    )
+    keys = ("requests", "completed", "usd_per_1k_requests", "tpot_ms_p99", "ttft_ms_p99", "cold_starts",
+            "invokes", "one_off_usd")  # fmt: skip
     return {key: summary[key] for key in keys}
 
 
-def one_case(rate: float, plan_on: str, judge_on: str, window_s: float, brute: bool) -> dict[str, Any]:
+def pick(points: list[Any], slo_ms: float) -> tuple[Any, bool]:
+    """The cheapest point meeting the SLO on the planning traffic, else the fastest (unreachable)."""
+    feasible = [p for p in points if met(p.summary, slo_ms)]
+    if feasible:
+        return min(feasible, key=lambda p: (p.usd_per_1k, p.usd_per_cold_start)), True
+    return min(points, key=lambda p: (p.summary["tpot_ms_p99"], p.usd_per_1k)), False
+
+
+def one_case(
+    rate: float, plan_on: str, judge_on: str, window_s: float, factors: list[float], full: bool
+) -> dict[str, Any]:
+    """One rate and direction: the frontier of each mode on the planning trace (every grid point,
+    so each SLO's choice is the one ``plan --slo-tpot-ms`` makes), each SLO's choice replayed on
+    the held-out trace, and with ``full`` the provisioned-only mode and the uniform sweep too."""
     from moeless.planning.concurrency import Warmth, with_concurrency
     from moeless.simulation.policies import simulate_policy
-    from moeless.simulation.sizing import (
-        Slo,
-        SloUnreachable,
-        default_memory_options,
-        lambda_floor_ms,
-        size_for_slo,
-    )
+    from moeless.simulation.sizing import Slo, default_memory_options, lambda_floor_ms, size_for_slo
 
     deployment, routing, planning = setting(rate, plan_on, window_s)
     _, _, held_out = setting(rate, judge_on, window_s)
     memory = default_memory_options(deployment)[:1]
     floor = lambda_floor_ms(deployment, memory[0])
-    slo = Slo(FLOOR_FACTOR * floor)
 
     def replay(plan: Any) -> dict[str, Any]:
         result = simulate_policy(
@@ -92,28 +90,39 @@ def one_case(rate: float, plan_on: str, judge_on: str, window_s: float, brute: b
         return summary_of(result)
 
     case: dict[str, Any] = {"rate": rate, "plan_on": plan_on, "judge_on": judge_on, "window_s": window_s,
-                            "floor_ms": floor, "slo_tpot_ms": slo.tpot_ms}  # fmt: skip
+                            "floor_ms": floor, "slos": {}}  # fmt: skip
     fleet = simulate_policy("static", deployment, routing, held_out, window_s, timeline=False)
     case["fleet"] = summary_of(fleet) | {"label": deployment.fleet.label()}
-    for name, keep_warm in (("pinged", True), ("provisioned_only", False)):
-        try:
-            sizing = size_for_slo("moeless", deployment, routing, planning, window_s, slo,
-                                  memory_options=memory, keep_warm=keep_warm)  # fmt: skip
-        except SloUnreachable as exc:
-            best = exc.sizing.best_latency()
-            case[name] = {"reachable": False, "best_planning": best.row(), "held_out": replay(best.plan)}
-            continue
-        chosen = sizing.chosen
-        case[name] = {"reachable": True, "planning": chosen.row(), "held_out": replay(chosen.plan),
-                      "replica_scale": chosen.replica_scale}  # fmt: skip
-        if name == "provisioned_only" and brute:
-            uniform = {}
-            for level in UNIFORM_LEVELS:
-                plan = with_concurrency(
-                    chosen.plan, {f.name: Warmth(level, 0) for f in chosen.plan.functions}
-                )
-                uniform[str(level)] = replay(plan)
-            case["uniform"] = uniform
+    modes = (("pinged", True), ("provisioned_only", False)) if full else (("pinged", True),)
+    frontiers = {}
+    for name, keep_warm in modes:
+        sizing = size_for_slo("moeless", deployment, routing, planning, window_s, Slo(float("inf")),
+                              memory_options=memory, keep_warm=keep_warm, frontier=True)  # fmt: skip
+        frontiers[name] = sizing.points
+        case[f"frontier_{name}"] = [p.row() for p in sizing.points]
+    replayed: dict[int, dict[str, Any]] = {}
+    for factor in factors:
+        slo_ms = factor * floor
+        entry: dict[str, Any] = {"slo_tpot_ms": slo_ms}
+        for name, points in frontiers.items():
+            chosen, reachable = pick(points, slo_ms)
+            if id(chosen.plan) not in replayed:
+                replayed[id(chosen.plan)] = replay(chosen.plan)
+            entry[name] = {
+                "reachable": reachable,
+                "planning": chosen.row(),
+                "held_out": replayed[id(chosen.plan)],
+            }
+            if name == "provisioned_only":
+                sweep = {}
+                for level in UNIFORM_LEVELS:
+                    key = (chosen.replica_scale, level)
+                    if key not in replayed:
+                        uniform = {f.name: Warmth(level, 0) for f in chosen.plan.functions}
+                        replayed[key] = replay(with_concurrency(chosen.plan, uniform))  # type: ignore[index]
+                    sweep[str(level)] = replayed[key]  # type: ignore[index]
+                entry["uniform"] = sweep
+        case["slos"][str(factor)] = entry
     return case
 
 
@@ -123,34 +132,36 @@ def met(summary: dict[str, Any], slo_ms: float) -> bool:
 
 def table(cases: list[dict[str, Any]]) -> str:
     lines = [
-        "| rate | plan on -> judged on | plan | SLO met on held-out | $/1k | x fleet | p99 TPOT / floor "
-        "| cold starts / invokes | cheapest uniform level meeting the SLO ($/1k) | plan / brute force |",
-        "|---:|---|---|---|---:|---:|---:|---:|---|---:|",
+        "| rate | plan on -> judged on | SLO (x floor) | plan | reachable on planning | met on held-out "
+        "| $/1k | x fleet | p99 TPOT / floor | cold starts / invokes | one-off $ "
+        "| cheapest uniform level meeting the SLO ($/1k) | plan / brute force |",
+        "|---:|---|---:|---|---|---|---:|---:|---:|---:|---:|---|---:|",
     ]
     for case in cases:
         fleet = case["fleet"]["usd_per_1k_requests"]
-        brute = None
-        for level, summary in sorted(case.get("uniform", {}).items(), key=lambda kv: int(kv[0])):
-            if met(summary, case["slo_tpot_ms"]) and (
-                brute is None or summary["usd_per_1k_requests"] < brute[1]
-            ):
-                brute = (level, summary["usd_per_1k_requests"])
-        for name in ("pinged", "provisioned_only"):
-            entry = case.get(name)
-            if entry is None:
-                continue
-            held = entry["held_out"]
-            cost = held["usd_per_1k_requests"]
-            ok = met(held, case["slo_tpot_ms"]) if entry["reachable"] else False
-            label = name + ("" if entry["reachable"] else " (SLO unreachable: best plan)")
-            brute_text = f"{brute[0]} (${brute[1]:.2f})" if brute else "none"
-            ratio = f"{cost / brute[1]:.2f}" if brute else "-"
-            lines.append(
-                f"| {case['rate']:g} | {case['plan_on']} -> {case['judge_on']} | {label} "
-                f"| {'yes' if ok else 'no'} "
-                f"| {cost:.2f} | {cost / fleet:.3f} | {held['tpot_ms_p99'] / case['floor_ms']:.2f} "
-                f"| {held['cold_starts'] / max(held['invokes'], 1):.4%} | {brute_text} | {ratio} |"
-            )
+        for factor, entry in case["slos"].items():
+            slo_ms = entry["slo_tpot_ms"]
+            brute = None
+            for level, summary in sorted(entry.get("uniform", {}).items(), key=lambda kv: int(kv[0])):
+                if met(summary, slo_ms) and (brute is None or summary["usd_per_1k_requests"] < brute[1]):
+                    brute = (level, summary["usd_per_1k_requests"])
+            for name in ("pinged", "provisioned_only"):
+                if name not in entry:
+                    continue
+                held = entry[name]["held_out"]
+                cost = held["usd_per_1k_requests"]
+                brute_text = (
+                    f"{brute[0]} (${brute[1]:.2f})" if brute else ("none" if "uniform" in entry else "-")
+                )
+                ratio = f"{cost / brute[1]:.2f}" if brute else "-"
+                reachable = "yes" if entry[name]["reachable"] else "no"
+                lines.append(
+                    f"| {case['rate']:g} | {case['plan_on']} -> {case['judge_on']} | {float(factor):g} "
+                    f"| {name} | {reachable} | {'yes' if met(held, slo_ms) else 'no'} "
+                    f"| {cost:.2f} | {cost / fleet:.3f} | {held['tpot_ms_p99'] / case['floor_ms']:.2f} "
+                    f"| {held['cold_starts'] / max(held['invokes'], 1):.3%} | {held['one_off_usd']:.2f} "
+                    f"| {brute_text} | {ratio} |"
+                )
     return "\n".join(lines)
 
 
@@ -158,21 +169,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rates", default="0.02,0.05,0.1")
     parser.add_argument("--window", type=float, default=1200.0, help="seconds of each trace replayed")
-    parser.add_argument("--brute-rates", default="0.05", help="rates where the uniform sweep runs")
+    parser.add_argument(
+        "--full-rates", default="0.05", help="rates run both ways, provisioned-only and swept"
+    )
+    parser.add_argument("--factors", default="1.5,3", help="SLOs: p99 TPOT bounds as multiples of the floor")
     parser.add_argument("--out", type=Path, default=REPO / ".moeless" / "bench" / "slo")
     args = parser.parse_args()
     if not ARRIVALS["code"].is_file():
         raise SystemExit("needs ../shared/data (the Azure 2023 arrival traces and OLMoE's routing)")
     args.out.mkdir(parents=True, exist_ok=True)
-    brute_rates = {float(r) for r in args.brute_rates.split(",") if r}
+    full_rates = {float(r) for r in args.full_rates.split(",") if r}
+    factors = [float(f) for f in args.factors.split(",")]
     cases = []
     for rate in (float(r) for r in args.rates.split(",")):
-        directions = (("code", "conv"), ("conv", "code")) if rate in brute_rates else (("code", "conv"),)
+        full = rate in full_rates
+        directions = (("code", "conv"), ("conv", "code")) if full else (("code", "conv"),)
         for plan_on, judge_on in directions:
             path = args.out / f"{MODEL}_{rate:g}_{plan_on}_{judge_on}_{args.window:g}.json"
             if not path.is_file():
                 print(f"== {MODEL} at {rate:g}/s: plan on {plan_on}, judge on {judge_on}", flush=True)
-                case = one_case(rate, plan_on, judge_on, args.window, rate in brute_rates)
+                case = one_case(rate, plan_on, judge_on, args.window, factors, full)
                 path.write_text(json.dumps(case, indent=1))
             cases.append(json.loads(path.read_text()))
     text = table(cases)

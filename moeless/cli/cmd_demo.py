@@ -22,7 +22,7 @@ import click
 from moeless.checkout import SHARED_DATA
 from moeless.cli.options import echo_step, quiet_option
 from moeless.cli.running import expert_task_root
-from moeless.demo.steps import PLAN_POLICIES, SIMULATED_S
+from moeless.demo.steps import PLAN_POLICIES, SIMULATED_S, SLO_FLOOR_FACTOR, SLO_TTFT_MS
 
 SHARED_PROMPTS = SHARED_DATA / "prompts" / "dev.jsonl"
 STEPS = 7
@@ -73,6 +73,7 @@ def demo(
         profile_or_reuse,
         same_as_unsplit,
         simulate_policies,
+        size_for_demo_slo,
     )
     from moeless.model.packaging import package
     from moeless.model.training import TrainSpec, trained_model
@@ -97,6 +98,11 @@ def demo(
     )
     step(4, f"plan with each policy ({', '.join(PLAN_POLICIES)}) from the profiled loads")
     plans = plan_every_policy(trace_dir, manifest, workdir / "plans")
+    say(
+        f"size moeless's concurrency for p99 TPOT <= {SLO_FLOOR_FACTOR:g}x the Lambda floor and p99 TTFT "
+        f"<= {SLO_TTFT_MS:g} ms (simulated)"
+    )
+    plans["moeless"], sized = size_for_demo_slo(trace_dir, manifest, workdir / "plans")
     step(5, f"serve the {policy} plan locally and answer prompts through the REST endpoint")
     answers, bill = _serve_and_ask(
         artifacts, workdir / "plans" / f"{policy}.json", trace_dir, max_tokens, quiet
@@ -105,8 +111,8 @@ def demo(
     same = same_as_unsplit(model_dir, answers, max_tokens)
     prediction = predicted_vs_actual(trace_dir)
     step(7, f"simulate every policy on {SIMULATED_S:.0f} s of bursty traffic replayed from the trace")
-    rows, plots = simulate_policies(trace_dir, workdir / "report")
-    report = demo_report(answers, same, prediction, plans, policy, bill, rows, plots)
+    rows, plots = simulate_policies(trace_dir, workdir / "report", {"moeless": plans["moeless"]})
+    report = demo_report(answers, same, prediction, plans, policy, bill, rows, plots, sized)
     (workdir / "report").mkdir(parents=True, exist_ok=True)
     (workdir / "report" / "demo.md").write_text(report + "\n")
     click.echo(report)

@@ -1,5 +1,6 @@
 """The demo's steps between the parts (``moeless demo``): which prompts, profile once, plan every
-policy, compare with the unsplit model, predict one request, simulate, and write the report.
+policy (moeless's provisioned concurrency sized for a stated SLO), compare with the unsplit model,
+predict one request, simulate, and write the report.
 
 The command (``moeless/cli/cmd_demo.py``) runs them in order and serves the chosen plan between
 planning and comparing.
@@ -23,6 +24,8 @@ SHARED_PROMPT_LIMIT = 120
 PROMPT_CHARS = 300  # the demo model's context is short: long prompts are cut
 SIMULATED_S = 300.0
 ARRIVAL = "bursty:1:1.8:60"  # the README study's bursty rate: 1/s mean, 1.8x peaks in 60 s cycles
+SLO_FLOOR_FACTOR = 3.0  # the demo's SLO: p99 TPOT at most this many times the Lambda floor,
+SLO_TTFT_MS = 1000.0  # and p99 TTFT at most a second (a cold start on the path breaks it)
 
 
 def demo_prompts(path: Path) -> list[str]:
@@ -99,10 +102,9 @@ def predicted_vs_actual(trace_dir: Path) -> tuple[str, list[tuple[int, list[int]
     return prompt, rows
 
 
-def simulate_policies(trace_dir: Path, out: Path) -> tuple[list[dict[str, Any]], list[Path]]:
-    """Every policy on :data:`SIMULATED_S` s of :data:`ARRIVAL` traffic replayed from the trace,
-    on the traced model's whole shape (its config.json): each policy's summary row and the plots
-    written to ``out``."""
+def _traffic(trace_dir: Path) -> tuple[Any, Any, list[Any]]:
+    """The deployment of the traced model's whole shape (its config.json), the trace's routing, and
+    :data:`SIMULATED_S` s of :data:`ARRIVAL` requests replaying it."""
     import numpy as np
 
     from moeless.model.shapes import resolve_model
@@ -110,15 +112,60 @@ def simulate_policies(trace_dir: Path, out: Path) -> tuple[list[dict[str, Any]],
     from moeless.simulation.arrivals import arrival_times
     from moeless.simulation.policies import Deployment, requests_replaying
     from moeless.simulation.routing import RecordedRouting
-    from moeless.simulation.study import run_study
 
     trace = load_trace(trace_dir)
     shape = resolve_model(str(Path(trace.meta["model"]) / "config.json"))
     routing = RecordedRouting.from_trace(trace, list(shape.moe_layers), shape.num_layers)
     replay = requests_replaying(arrival_times(ARRIVAL, SIMULATED_S, np.random.default_rng(0)), routing)
+    return Deployment.choose(shape), routing, replay
+
+
+def size_for_demo_slo(trace_dir: Path, manifest: Manifest, out: Path) -> tuple[Plan, str]:
+    """moeless's plan sized by the replica optimiser for the demo's stated SLO (p99 TPOT at most
+    :data:`SLO_FLOOR_FACTOR` x the Lambda floor, p99 TTFT at most :data:`SLO_TTFT_MS`) on the
+    demo's simulated traffic; saved as ``out/moeless.json``. Returns it and the line the report
+    states it with."""
+    from moeless.simulation.sizing import Slo, SloUnreachable, lambda_floor_ms, size_for_slo
+
+    deployment, routing, replay = _traffic(trace_dir)
+    floor = lambda_floor_ms(
+        deployment, deployment.model.function_memory_mb(deployment.expert_size().weight_bytes)
+    )
+    slo = Slo(SLO_FLOOR_FACTOR * floor, SLO_TTFT_MS)
+    try:
+        sizing = size_for_slo("moeless", deployment, routing, replay, SIMULATED_S, slo)
+    except SloUnreachable as exc:
+        best = exc.sizing.best_latency()
+        plan, reached = best.plan, f"unreachable: {exc}; serving the fastest plan found"
+    else:
+        assert sizing.chosen is not None
+        plan, best = sizing.chosen.plan, sizing.chosen
+        reached = "met"
+    plan.check_fits(manifest)
+    plan.save(out / "moeless.json")
+    summary = best.summary
+    line = (
+        f"moeless sized for {slo.describe()} ({SLO_FLOOR_FACTOR:g}x the Lambda floor of {floor:.1f} ms) "
+        f"on {len(replay)} simulated requests ({ARRIVAL}): {reached}; {best.provisioned} provisioned "
+        f"environments, {best.keep_warm} kept warm by pings, replicas x{best.replica_scale}, "
+        f"{best.memory_mb} MB; simulated p99 TPOT {summary['tpot_ms_p99']:.1f} ms, "
+        f"${summary['usd_per_1k_requests']:.4f} per 1k requests"
+    )
+    return plan, line
+
+
+def simulate_policies(
+    trace_dir: Path, out: Path, plans: dict[str, Plan] | None = None
+) -> tuple[list[dict[str, Any]], list[Path]]:
+    """Every policy on :data:`SIMULATED_S` s of :data:`ARRIVAL` traffic replayed from the trace,
+    on the traced model's whole shape (its config.json), the policies in ``plans`` replaying that
+    plan (the one served): each policy's summary row and the plots written to ``out``."""
+    from moeless.simulation.study import run_study
+
+    deployment, routing, replay = _traffic(trace_dir)
     describe = [f"- requests: {len(replay)} ({ARRIVAL} for {SIMULATED_S:.0f} s), replayed from {trace_dir}"]
     results, plots = run_study(
-        Deployment.choose(shape),
+        deployment,
         routing,
         replay,
         ["static", "moeless", "remoe"],
@@ -126,6 +173,7 @@ def simulate_policies(trace_dir: Path, out: Path) -> tuple[list[dict[str, Any]],
         out,
         describe,
         progress=False,
+        plans=plans,
     )
     return [r.summary() for r in results], plots
 
@@ -139,6 +187,7 @@ def demo_report(
     bill: dict[str, Any],
     rows: list[dict[str, Any]],
     plots: list[Path],
+    sized: str = "",
 ) -> str:
     """The demo's report as Markdown-ish text: answers, prediction, plans, bill, simulation."""
     from moeless.lambda_host.meter import format_bill
@@ -155,11 +204,15 @@ def demo_report(
             f"  layer {layer}: predicted {predicted}  actual {actual}  ({hit:.0%} of actual predicted)"
         )
     lines += ["", f"## Plans (served: {policy})"]
+    if sized:
+        lines.append(f"  {sized}")
     for name, plan in plans.items():
         warm = sum(f.provisioned_concurrency for f in plan.functions)
+        kept = sum(f.keep_warm for f in plan.functions)
         cost = plan.estimate.cost_per_1k_requests if plan.estimate else None
         lines.append(
             f"  {name:<8} {len(plan.functions):>3} functions, {warm:>3} provisioned instances"
+            + (f", {kept} kept warm" if kept else "")
             + (f", estimated ${cost:.4f} per 1k requests" if isinstance(cost, float) else "")
             + ("  (every expert fits in the backbone's memory)" if not plan.functions else "")
         )
