@@ -132,7 +132,8 @@ def met(summary: dict[str, Any], slo_ms: float) -> bool:
 
 def table(cases: list[dict[str, Any]]) -> str:
     lines = [
-        "| rate | plan on -> judged on | SLO (x floor) | plan | reachable on planning | met on held-out "
+        "| rate | plan on -> judged on | SLO (x floor) | plan (packing, replicas, provisioned, pinged) "
+        "| reachable on planning | met on held-out "
         "| $/1k | x fleet | p99 TPOT / floor | cold starts / invokes | one-off $ "
         "| cheapest uniform level meeting the SLO ($/1k) | plan / brute force |",
         "|---:|---|---:|---|---|---|---:|---:|---:|---:|---:|---|---:|",
@@ -155,9 +156,12 @@ def table(cases: list[dict[str, Any]]) -> str:
                 )
                 ratio = f"{cost / brute[1]:.2f}" if brute else "-"
                 reachable = "yes" if entry[name]["reachable"] else "no"
+                row = entry[name]["planning"]
+                warmth = f"{row['provisioned']}, {row['keep_warm']}"
+                shape = f"{name} ({row['packing']}, x{row['replica_scale']}, {warmth})"
                 lines.append(
                     f"| {case['rate']:g} | {case['plan_on']} -> {case['judge_on']} | {float(factor):g} "
-                    f"| {name} | {reachable} | {'yes' if met(held, slo_ms) else 'no'} "
+                    f"| {shape} | {reachable} | {'yes' if met(held, slo_ms) else 'no'} "
                     f"| {cost:.2f} | {cost / fleet:.3f} | {held['tpot_ms_p99'] / case['floor_ms']:.2f} "
                     f"| {held['cold_starts'] / max(held['invokes'], 1):.3%} | {held['one_off_usd']:.2f} "
                     f"| {brute_text} | {ratio} |"

@@ -88,6 +88,14 @@ from moeless.contracts.plan import Placement, Policy
     "replicas split a prefill over more concurrent environments. Repeatable.",
 )
 @click.option(
+    "--packing",
+    "packings",
+    type=click.IntRange(1, 64),
+    multiple=True,
+    help="With --slo-tpot-ms: experts of consecutive layers per function to choose from [1 and 4]; "
+    "a packed function's warm environment serves layer after layer. Repeatable.",
+)
+@click.option(
     "--frontier",
     is_flag=True,
     help="With --slo-tpot-ms: simulate every point for moeless and remoe and the fleet; write "
@@ -127,6 +135,7 @@ def plan(
     slo_ttft_ms: float | None,
     memory_options: tuple[int, ...],
     replica_scales: tuple[int, ...],
+    packings: tuple[int, ...],
     frontier: bool,
     replan_s: float | None,
     no_keep_warm: bool,
@@ -140,6 +149,7 @@ def plan(
     if slo_tpot_ms is not None:
         traffic["keep_warm"] = not no_keep_warm
         traffic["replica_scales"] = list(replica_scales) or None
+        traffic["packings"] = list(packings) or None
         traffic["replan_s"] = replan_s
         _sized(
             policy,
@@ -153,9 +163,11 @@ def plan(
             traffic,
         )
         return
-    if slo_ttft_ms is not None or memory_options or replica_scales or frontier or no_keep_warm or replan_s:
+    sized_only = (memory_options, replica_scales, packings, frontier, no_keep_warm, replan_s)
+    if slo_ttft_ms is not None or any(sized_only):
         raise click.UsageError(
-            "--slo-ttft-ms, --memory-mb, --replica-scale, --frontier, --replan-interval and --no-keep-warm "
+            "--slo-ttft-ms, --memory-mb, --replica-scale, --packing, --frontier, --replan-interval and "
+            "--no-keep-warm "
             "go with --slo-tpot-ms"
         )
     from moeless.contracts.loads import load_loads
@@ -264,7 +276,7 @@ def _sized(
             sizing = size_for_slo(
                 name, deployment, routing, replay, duration, slo, memory_options=memory_options or None,
                 replica_scales=traffic["replica_scales"], frontier=frontier, keep_warm=traffic["keep_warm"],
-                replan_s=traffic["replan_s"],
+                replan_s=traffic["replan_s"], packings=traffic["packings"],
                 seed=traffic["seed"], progress=True,
             )  # fmt: skip
         except SloUnreachable as exc:
@@ -292,7 +304,7 @@ def _sized(
     click.echo(f"plan: {policy} sized for {slo.describe()} -> {output}")
     click.echo(
         f"  {len(chosen.plan.functions)} functions of {chosen.memory_mb} MB, "
-        f"replicas x{chosen.replica_scale}, "
+        f"replicas x{chosen.replica_scale}, {chosen.packing} layers' experts per function, "
         f"{chosen.provisioned} provisioned environments, {chosen.keep_warm} kept warm by pings "
         f"(cold start priced at ${chosen.usd_per_cold_start:g})"
     )

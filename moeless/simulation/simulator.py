@@ -183,6 +183,7 @@ class _Function:
     memory_mb: int
     provisioned: int
     keep_warm: int = 0  # on-demand instances the pings keep alive (they never idle out)
+    hosted: int = 1  # experts it hosts (a packed function loads them all on a cold start)
     free_at: list[float] = field(default_factory=list)  # per instance: when it is next idle
     provisioned_free_at: list[float] = field(default_factory=list)
     provisioned_since: list[float] = field(default_factory=list)  # when each was enabled (billing)
@@ -323,6 +324,7 @@ class Simulator:
             function.provisioned_free_at = function.provisioned_free_at[:count] + [ready] * extra
             function.provisioned_since = function.provisioned_since[:count] + [now] * extra
             function.memory_mb = spec.memory_mb
+            function.hosted = max(1, len(spec.experts))
             function.provisioned = count
             function.keep_warm = spec.keep_warm
             functions[spec.name] = function
@@ -467,9 +469,9 @@ class Simulator:
         self._window_demand = {}
         if warmth != current:
             self._apply(with_concurrency(self.plan, warmth), now)
-            cold_ms = self.model.cold_start_ms(self.size.weight_bytes)
             for name, chosen in warmth.items():  # newly kept environments start from a ping now
                 function = self.functions[name]
+                cold_ms = self._init_ms(function)
                 new = chosen.keep_warm - len(function.free_at) - len(function.warming)
                 if new > 0:
                     function.warming += [now + cold_ms / 1e3] * new
@@ -490,8 +492,8 @@ class Simulator:
         function), and with the warm-up pass one of every function with nothing provisioned or
         kept warm; each is a cold start off the request path, idle from time 0, billed once per
         deployment (``one_off_usd``)."""
-        cold_ms = self.model.cold_start_ms(self.size.weight_bytes)
         for name, function in self.functions.items():
+            cold_ms = self._init_ms(function)
             wanted = function.keep_warm or (1 if self.warm_up and not function.provisioned else 0)
             if self.warm_up:
                 self._levels.warmed(name, max(wanted, function.provisioned, 1), 0.0)
@@ -659,7 +661,7 @@ class Simulator:
                 )
                 if idle or function.warming:
                     continue
-                cold_ms = self._cold_start_ms(now)
+                cold_ms = self._cold_start_ms(now, function)
                 function.warming.append(now + cold_ms / 1e3)
                 result.prewarms += 1
                 usd["requests"] += self.model.prices.per_request
@@ -667,14 +669,16 @@ class Simulator:
                     math.ceil(cold_ms) / 1e3 * function.memory_mb / 1024 * self.model.prices.per_gb_second
                 )
 
-    def _cold_start_ms(self, now: float) -> float:
-        """A cold start beginning at ``now``: its own init, plus ``cold_start_serial_ms`` for every
-        other one still initialising (they share the machine's cores locally; 0 on AWS)."""
+    def _init_ms(self, function: _Function) -> float:
+        """One environment's init: loading every expert the function hosts."""
+        return self.model.cold_start_ms(self.size.weight_bytes * function.hosted)
+
+    def _cold_start_ms(self, now: float, function: _Function) -> float:
+        """A cold start of ``function`` beginning at ``now``: its own init, plus
+        ``cold_start_serial_ms`` for every other one still initialising (they share the machine's
+        cores locally; 0 on AWS)."""
         self._initialising = [t for t in self._initialising if t > now]
-        cold_ms = (
-            self.model.cold_start_ms(self.size.weight_bytes)
-            + len(self._initialising) * self.model.cold_start_serial_ms
-        )
+        cold_ms = self._init_ms(function) + len(self._initialising) * self.model.cold_start_serial_ms
         self._initialising.append(now + cold_ms / 1e3)
         return cold_ms
 
@@ -735,7 +739,7 @@ class Simulator:
                     k = len(function.free_at) - 1
                     start = max(now, ready)
                 else:
-                    cold_ms = self._cold_start_ms(now)
+                    cold_ms = self._cold_start_ms(now, function)
                     result.cold_starts += 1
                     function.free_at.append(0.0)
                     k = len(function.free_at) - 1

@@ -19,11 +19,13 @@
    (feasibility grows with ``lambda``), with ``frontier`` every point, which also gives the
    cost-latency frontier. When even ``lambda = inf`` misses the SLO, :class:`SloUnreachable` says so
    with the best latency reached.
-5. **Memory and replicas** are decisions too: each size in ``memory_options`` (default: the
-   smallest that holds the expert, and one vCPU more) and each factor of ``replica_scales`` on
-   the planner's replicas (default 1 and 4: more replicas split a prefill over more concurrent
-   environments, shortening the step that stalls every decoding sequence, for more invokes and
-   more environments to keep warm) runs steps 2-4; the cheapest feasible wins.
+5. **Packing, memory and replicas** are decisions too: each packing of ``packings`` (experts of
+   consecutive layers per function, default 1 and 4: :mod:`moeless.planning.packing`), each size
+   in ``memory_options`` (default: the smallest that holds the function's experts, and one vCPU
+   more) and each factor of ``replica_scales`` on the planner's replicas (default 1 and 4: more
+   replicas split a prefill over more concurrent environments, shortening the step that stalls
+   every decoding sequence, for more invokes and more environments to keep warm) runs steps 2-4;
+   the cheapest feasible wins.
 
 Why the simulator in the loop rather than a queueing bound alone: an MoE step's invokes are not a
 Poisson stream (a prefill touches every expert of every layer at once; decode touches a few per
@@ -40,7 +42,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from moeless.contracts.environment import KEEP_WARM_PING_S
+from moeless.contracts.loads import shares
 from moeless.contracts.plan import Plan, PlanEstimate
 from moeless.errors import SimulationError
 from moeless.planning.concurrency import (
@@ -51,11 +56,13 @@ from moeless.planning.concurrency import (
     with_replicas,
 )
 from moeless.planning.cost_model import EXPERT_DTYPES, MEMORY_OPTIONS_MB
+from moeless.planning.packing import pack_across_layers
 from moeless.simulation.policies import Deployment, plan_for_policy, simulate_policy
-from moeless.simulation.routing import StepRouting
+from moeless.simulation.routing import RecordedRouting, StepRouting
 from moeless.simulation.simulator import PolicyResult, PrewarmModel, Request
 
 DEFAULT_REPLICA_SCALES = (1, 4)
+DEFAULT_PACKINGS = (1, 4)  # experts of consecutive layers per function
 
 # $ per cold start on the request path: 0, 1e-5 .. 10 in quarter decades, and infinity
 PRICE_GRID: tuple[float, ...] = (0.0, *(10 ** (k / 4) for k in range(-20, 5)), math.inf)
@@ -90,6 +97,7 @@ class FrontierPoint:
     plan: Plan
     summary: dict[str, Any]
     replica_scale: int = 1
+    packing: int = 1  # experts of consecutive layers per function
 
     @property
     def usd_per_1k(self) -> float:
@@ -110,6 +118,7 @@ class FrontierPoint:
             "policy": self.plan.policy,
             "memory_mb": self.memory_mb,
             "replica_scale": self.replica_scale,
+            "packing": self.packing,
             "usd_per_cold_start": self.usd_per_cold_start,
             "provisioned": self.provisioned,
             "keep_warm": self.keep_warm,
@@ -170,6 +179,36 @@ def _ping_usd(deployment: Deployment, memory_mb: int, span_s: float) -> float:
     return ping_cost_usd(span_s, memory_mb, KEEP_WARM_PING_S, ping_ms, model.prices)
 
 
+def _memory_for(deployment: Deployment, experts: int) -> int:
+    return deployment.model.function_memory_mb(deployment.expert_size().weight_bytes * experts)
+
+
+def pair_scores(routing: StepRouting) -> Callable[[int, int], np.ndarray]:
+    """Co-activation of two layers' experts, ``[E, E]``: tokens that chose e at the first and e'
+    at the second (a recorded routing's decode tokens), else the product of their shares."""
+    index = {layer: i for i, layer in enumerate(routing.layers)}
+    if isinstance(routing, RecordedRouting):
+        rows = [r for r in routing.decode_rows if len(r)]
+        chosen = routing.chosen
+
+        def recorded(a: int, b: int) -> np.ndarray:
+            counts = np.zeros((routing.num_experts, routing.num_experts))
+            for r in rows:
+                first, second = r[:, chosen[index[a]]], r[:, chosen[index[b]]]
+                for i in range(first.shape[1]):
+                    for j in range(second.shape[1]):
+                        np.add.at(counts, (first[:, i], second[:, j]), 1.0)
+            return counts
+
+        return recorded
+    loads = routing.loads()
+
+    def sampled(a: int, b: int) -> np.ndarray:
+        return np.outer(shares(loads.layers[a]), shares(loads.layers[b]))
+
+    return sampled
+
+
 def default_memory_options(deployment: Deployment) -> list[int]:
     """The smallest full-vCPU size that holds one expert, and the next one up."""
     smallest = deployment.model.function_memory_mb(deployment.expert_size().weight_bytes)
@@ -187,6 +226,7 @@ def size_for_slo(
     *,
     memory_options: list[int] | None = None,
     replica_scales: list[int] | None = None,
+    packings: list[int] | None = None,
     frontier: bool = False,
     keep_warm: bool = True,
     replan_s: float | None = None,
@@ -222,15 +262,25 @@ def size_for_slo(
         )
 
     points: list[FrontierPoint] = []
-    for memory, scale in itertools.product(memories, replica_scales or DEFAULT_REPLICA_SCALES):
+    scores = pair_scores(routing)
+    shapes = itertools.product(
+        packings or DEFAULT_PACKINGS, memories, replica_scales or DEFAULT_REPLICA_SCALES
+    )
+    seen = set()
+    for per_function, memory_option, scale in shapes:
+        packed = pack_across_layers(base, per_function, scores, lambda n: _memory_for(deployment, n))
+        memory = max(memory_option, max((f.memory_mb for f in packed.functions), default=memory_option))
+        if (per_function, memory, scale) in seen:  # a packing that needs more memory than the option
+            continue
+        seen.add((per_function, memory, scale))
         ping_usd = _ping_usd(deployment, memory, duration_s) if keep_warm else None
         replan = None
         if replan_s:
             round_usd = _ping_usd(deployment, memory, KEEP_WARM_PING_S)  # one round of pings
             ping_per_s = round_usd / KEEP_WARM_PING_S if keep_warm else None
             replan = {"interval_s": replan_s, "ping_usd_per_s": ping_per_s, "smoothing": 0.5, "down_after": 3}
-        plan = with_replicas(with_memory(base, memory), scale)
-        family = _Family(plan, memory, duration_s, run, ping_usd, scale, replan)
+        plan = with_replicas(with_memory(packed, memory), scale)
+        family = _Family(plan, memory, duration_s, run, ping_usd, scale, replan, per_function)
         if frontier:
             for price in PRICE_GRID:
                 family.point(price)
@@ -263,9 +313,10 @@ class _Family:
         ping_usd: float | None,
         replica_scale: int = 1,
         replan: dict[str, Any] | None = None,
+        packing: int = 1,
     ) -> None:
         self.plan, self.memory_mb, self.span_s, self.run = plan, memory_mb, span_s, run
-        self.replica_scale = replica_scale
+        self.replica_scale, self.packing = replica_scale, packing
         self.replan = replan
         self.ping_usd = ping_usd
         self.probe = run(plan)  # nothing provisioned: what each function's demand is measured on
@@ -286,7 +337,9 @@ class _Family:
         if key not in self._summaries:  # nothing provisioned and no re-planner is the probe itself
             warm = any(p or k for p, k in counts) or self.replan is not None
             self._summaries[key] = self.run(sized).summary() if warm else self.probe.summary()
-        found = FrontierPoint(self.memory_mb, price, sized, self._summaries[key], self.replica_scale)
+        found = FrontierPoint(
+            self.memory_mb, price, sized, self._summaries[key], self.replica_scale, self.packing
+        )
         self.points.append(found)
         return found
 
@@ -318,6 +371,7 @@ def _annotated(chosen: FrontierPoint, sizing: Sizing, deployment: Deployment) ->
             "usd_per_cold_start": chosen.usd_per_cold_start,
             "memory_mb": chosen.memory_mb,
             "replica_scale": chosen.replica_scale,
+            "packing": chosen.packing,
             "lambda_floor_tpot_ms": sizing.floor_ms,
             "planned": {
                 key: summary[key]

@@ -13,6 +13,7 @@ import pytest
 
 from moeless.aws_prices import PRICES
 from moeless.contracts.loads import Loads
+from moeless.contracts.payload import max_tokens_per_request
 from moeless.contracts.plan import ExpertPlacement, FunctionSpec, Plan, load_plan
 from moeless.model.shapes import ModelShape
 from moeless.planning.concurrency import (
@@ -200,7 +201,10 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
         and plan.params["deployment"]["model"] == "mixtral-8x7b"
     )
     assert all(isinstance(f.provisioned_concurrency, int) for f in plan.functions)
-    assert len(plan.functions) == 32 * 8  # one function per expert, replicas as its environments
+    hosted = sorted(pair for f in plan.functions for pair in f.experts)
+    assert hosted == [(layer, e) for layer in range(32) for e in range(8)]  # each expert once
+    packing = plan.params["sizing"]["packing"]
+    assert len(plan.functions) == 32 * 8 // packing and all(f.memory_mb <= 10240 for f in plan.functions)
     rows = list(csv.DictReader(plan_path.with_suffix(".frontier.csv").open()))
     assert {r["policy"] for r in rows} >= {"moeless", "static"} and plan_path.with_suffix(
         ".frontier.png"
@@ -320,3 +324,48 @@ def test_provisioned_environments_a_replan_removes_are_billed_in_whole_five_minu
     result = simulator.run(burst, 600.0)
     step_usd = 300 * MB / 1024 * PRICES.provisioned_per_gb_second
     assert result.usd["provisioned"] == pytest.approx(step_usd)
+
+
+def test_packing_chains_the_experts_tokens_take_and_keeps_within_lambdas_limits():
+    from moeless.errors import PlanError
+    from moeless.planning.packing import pack_across_layers
+
+    pairs = [(layer, e) for layer in range(4) for e in range(3)]
+    placements = [ExpertPlacement(layer, e, function=f"f{layer}{e}") for layer, e in pairs]
+    plan = Plan("moeless", placements, [FunctionSpec(f"f{layer}{e}", [(layer, e)]) for layer, e in pairs])
+    follows = {0: 2, 1: 0, 2: 1}  # tokens at expert e go on to expert follows[e] at the next layer
+
+    def scores(a: int, b: int) -> np.ndarray:
+        matrix = np.ones((3, 3))
+        for e, after in follows.items():
+            matrix[e, after] = 100.0
+        return matrix
+
+    packed = pack_across_layers(plan, 2, scores, lambda n: 1769 * n)
+    groups = sorted(f.experts for f in packed.functions)
+    assert len(groups) == 6 and all(len(g) == 2 for g in groups)
+    for (l0, e0), (l1, e1) in groups:
+        assert l1 == l0 + 1 and l0 in (0, 2) and e1 == follows[e0]
+    assert {p.function for p in packed.experts} == {f.name for f in packed.functions}
+    assert all(f.memory_mb == 2 * 1769 for f in packed.functions)
+    with pytest.raises(PlanError, match="over Lambda's 10240 MB"):
+        pack_across_layers(plan, 4, scores, lambda n: 3000 * n)
+
+
+def test_a_packed_plan_still_cuts_every_invoke_to_the_payload_limit():
+    from dataclasses import replace as with_fields
+
+    shape = with_fields(one_expert_shape(), num_layers=4, moe_layers=(0, 1, 2, 3))
+    deployment = Deployment.choose(shape)
+    loads = Loads({layer: np.array([4.0, 3, 2, 1]) for layer in range(4)}, {"top_k": 1})
+    routing = SampledRouting.from_loads(loads, 1, [0, 1, 2, 3], 4)
+    replay = [Request(0.0, 40_000, 2)]
+    sizing = size_for_slo("moeless", deployment, routing, replay, 10.0, Slo(1e9), packings=[4])
+    plan = sizing.chosen.plan
+    assert len(plan.functions) == 4 and all(len(f.experts) == 4 for f in plan.functions)
+    assert plan.params["sizing"]["packing"] == 4
+    result = simulate_policy("moeless", deployment, routing, replay, 10.0, plan=plan)
+    limit = max_tokens_per_request(deployment.shape.hidden)
+    assert result.pieces and all(rows <= limit for _, _, rows in result.pieces)
+    assert any(rows == limit for _, _, rows in result.pieces)  # expert 0 got ~16,000 prefill rows: cut
+    assert sum(rows for _, _, rows in result.pieces) == 4 * (40_000 + 1)  # each layer: prefill, 1 token

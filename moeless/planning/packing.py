@@ -1,0 +1,97 @@
+"""Packing: one function hosting experts of several consecutive layers.
+
+A warm environment of a packed function serves layer after layer of the same step (the layers of
+a step run one after another, so its experts' invokes seldom overlap), so a plan needs about
+``per_function`` times fewer environments kept warm, provisioned or initialised by the warm-up
+pass, and each is invoked that many times more often, which keeps it warm on its own. The price:
+a cold start loads every hosted expert, and the function's memory must hold them all
+(``CostModel.function_memory_mb``, at most 10,240 MB). The invoke payload is unchanged: each
+invoke still carries one expert's rows, under the 6 MB limit as the dispatcher cuts them.
+
+Which experts share a function: chains along the layers that the same tokens take. Within each
+block of ``per_function`` consecutive layers, each expert of the block's first layer starts a
+chain; each next layer's experts join the chains greedily by co-activation with the chain's last
+expert (``pair_scores(previous_layer, layer)[e, e']``: from per-token routing, how many tokens
+chose e then e'; without it, the product of the two layers' shares), so a token's path tends to
+stay on the environments it has already warmed.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from moeless.contracts.plan import FunctionSpec, Placement, Plan
+from moeless.errors import PlanError
+
+MAX_FUNCTION_MB = 10_240
+
+
+def chains(
+    layers: list[int],
+    experts: dict[int, list[int]],
+    per_function: int,
+    pair_scores: Callable[[int, int], np.ndarray],
+) -> list[list[tuple[int, int]]]:
+    """Groups of (layer, expert), each of at most ``per_function`` consecutive layers' experts."""
+    groups: list[list[tuple[int, int]]] = []
+    for start in range(0, len(layers), per_function):
+        block = layers[start : start + per_function]
+        open_chains = [[(block[0], e)] for e in experts[block[0]]]
+        for previous, layer in itertools.pairwise(block):
+            scores = pair_scores(previous, layer)
+            tails = {chain[-1][1]: chain for chain in open_chains if chain[-1][0] == previous}
+            pairs = sorted(
+                ((float(scores[a, b]), a, b) for a in tails for b in experts[layer]), key=lambda p: -p[0]
+            )
+            taken_tails, placed = set(), set()
+            for _, a, b in pairs:
+                if a in taken_tails or b in placed:
+                    continue
+                tails[a].append((layer, b))
+                taken_tails.add(a)
+                placed.add(b)
+            open_chains += [[(layer, b)] for b in experts[layer] if b not in placed]
+        groups += open_chains
+    return groups
+
+
+def pack_across_layers(
+    plan: Plan,
+    per_function: int,
+    pair_scores: Callable[[int, int], np.ndarray],
+    memory_for: Callable[[int], int],
+) -> Plan:
+    """``plan`` with its function-hosted experts regrouped ``per_function`` layers to a function.
+
+    ``memory_for(n)`` is the memory of a function hosting ``n`` experts; an expert keeps its
+    replicas (now environments of the packed function). Experts on the backbone stay there.
+
+    Raises:
+        PlanError: a group would not fit one Lambda function.
+    """
+    if per_function <= 1:
+        return plan
+    on_functions = [p for p in plan.experts if p.placement == Placement.FUNCTION]
+    layers = sorted({p.layer for p in on_functions})
+    experts: dict[int, list[int]] = {layer: [] for layer in layers}
+    for placement in on_functions:
+        experts[placement.layer].append(placement.expert)
+    functions, host = [], {}
+    for index, group in enumerate(chains(layers, experts, per_function, pair_scores)):
+        memory = memory_for(len(group))
+        if memory > MAX_FUNCTION_MB:
+            raise PlanError(f"{len(group)} experts need {memory} MB, over Lambda's {MAX_FUNCTION_MB} MB")
+        name = f"moeless-l{group[0][0]:03d}-g{index:04d}"
+        functions.append(FunctionSpec(name, list(group), memory))
+        host |= dict.fromkeys(group, (name, memory))
+    placements = [
+        replace(p, function=host[(p.layer, p.expert)][0], memory_mb=host[(p.layer, p.expert)][1], workers=[])
+        if (p.layer, p.expert) in host
+        else p
+        for p in plan.experts
+    ]
+    return replace(plan, experts=placements, functions=functions)
