@@ -97,7 +97,7 @@ def one_case(
     frontiers = {}
     for name, keep_warm in modes:
         sizing = size_for_slo("moeless", deployment, routing, planning, window_s, Slo(float("inf")),
-                              memory_options=memory, keep_warm=keep_warm, frontier=True)  # fmt: skip
+                              memory_options=memory, keep_warm=keep_warm)  # fmt: skip
         frontiers[name] = sizing.points
         case[f"frontier_{name}"] = [p.row() for p in sizing.points]
     replayed: dict[int, dict[str, Any]] = {}

@@ -98,7 +98,7 @@ from moeless.contracts.plan import Placement, Policy
 @click.option(
     "--frontier",
     is_flag=True,
-    help="With --slo-tpot-ms: simulate every point for moeless and remoe and the fleet; write "
+    help="With --slo-tpot-ms: size moeless and remoe and simulate the fleet; write every point to "
     "OUTPUT.frontier.csv and .png (cost against p99 TPOT).",
 )
 @click.option(
@@ -275,7 +275,7 @@ def _sized(
         try:
             sizing = size_for_slo(
                 name, deployment, routing, replay, duration, slo, memory_options=memory_options or None,
-                replica_scales=traffic["replica_scales"], frontier=frontier, keep_warm=traffic["keep_warm"],
+                replica_scales=traffic["replica_scales"], keep_warm=traffic["keep_warm"],
                 replan_s=traffic["replan_s"], packings=traffic["packings"],
                 seed=traffic["seed"], progress=True,
             )  # fmt: skip

@@ -15,10 +15,12 @@
    ``lambda = 0`` (only what saves money outright) to ``lambda = inf`` (every level that saw a cold
    start), and each function's count only grows with ``lambda``.
 4. **The simulator judges** each plan on the same traffic: p99 TPOT, p99 TTFT, every request
-   completed. The cheapest plan that meets the SLO is chosen; by default a bisection over the grid
-   (feasibility grows with ``lambda``), with ``frontier`` every point, which also gives the
-   cost-latency frontier. When even ``lambda = inf`` misses the SLO, :class:`SloUnreachable` says so
-   with the best latency reached.
+   completed. Every point of the grid is judged (plans that come out the same are simulated once:
+   on a whole model a few distinct plans), and the cheapest that meets the SLO is chosen. Not a
+   bisection: the cost is not monotone in ``lambda`` (warm environments save the init that a cold
+   start bills), and judging every point makes the choice monotone in the SLO (a tighter one is
+   met by a subset of the points, so it never costs less). The points are the cost-latency
+   frontier. When none meets the SLO, :class:`SloUnreachable` says so with the best latency reached.
 5. **Packing, memory and replicas** are decisions too: each packing of ``packings`` (experts of
    consecutive layers per function, default 1 and 4: :mod:`moeless.planning.packing`), each size
    in ``memory_options`` (default: the smallest that holds the function's experts, and one vCPU
@@ -227,7 +229,6 @@ def size_for_slo(
     memory_options: list[int] | None = None,
     replica_scales: list[int] | None = None,
     packings: list[int] | None = None,
-    frontier: bool = False,
     keep_warm: bool = True,
     replan_s: float | None = None,
     prewarm: dict[str, PrewarmModel] | None = None,
@@ -281,11 +282,8 @@ def size_for_slo(
             replan = {"interval_s": replan_s, "ping_usd_per_s": ping_per_s, "smoothing": 0.5, "down_after": 3}
         plan = with_replicas(with_memory(packed, memory), scale)
         family = _Family(plan, memory, duration_s, run, ping_usd, scale, replan, per_function)
-        if frontier:
-            for price in PRICE_GRID:
-                family.point(price)
-        else:
-            _bisect(family.point, slo)
+        for price in PRICE_GRID:
+            family.point(price)
         points += family.points
     feasible = [p for p in points if slo.met(p.summary)]
     sizing = Sizing(
@@ -342,20 +340,6 @@ class _Family:
         )
         self.points.append(found)
         return found
-
-
-def _bisect(point: Callable[[float], FrontierPoint], slo: Slo) -> None:
-    """Evaluate the grid's ends, then halve the interval between the last infeasible and the first
-    feasible price (feasibility grows with the price: each function's count only grows)."""
-    low, high = 0, len(PRICE_GRID) - 1
-    if slo.met(point(PRICE_GRID[low]).summary) or not slo.met(point(PRICE_GRID[high]).summary):
-        return
-    while high - low > 1:
-        middle = (low + high) // 2
-        if slo.met(point(PRICE_GRID[middle]).summary):
-            high = middle
-        else:
-            low = middle
 
 
 def _annotated(chosen: FrontierPoint, sizing: Sizing, deployment: Deployment) -> Plan:

@@ -156,11 +156,11 @@ def test_a_tighter_slo_never_costs_less_and_an_unreachable_one_says_what_is_reac
     rng = np.random.default_rng(3)
     times = np.sort(rng.uniform(0, 1200, 12))
     replay = [Request(float(t), 16, 6, n) for n, t in enumerate(times)]
-    frontier = size_for_slo("moeless", deployment, routing, replay, 1200.0, Slo(1e9), frontier=True)
+    frontier = size_for_slo("moeless", deployment, routing, replay, 1200.0, Slo(1e9))
     latencies = sorted({p.summary["tpot_ms_p99"] for p in frontier.points}, reverse=True)
     costs = []
     for bound in latencies:
-        sizing = size_for_slo("moeless", deployment, routing, replay, 1200.0, Slo(bound), frontier=True)
+        sizing = size_for_slo("moeless", deployment, routing, replay, 1200.0, Slo(bound))
         costs.append(sizing.chosen.usd_per_1k)
         assert sizing.chosen.summary["tpot_ms_p99"] <= bound
     assert costs == sorted(costs)
