@@ -147,6 +147,10 @@ def plan(
     With --slo-tpot-ms: the cheapest provisioned concurrency per function that meets the SLO on
     the given traffic, as the simulator replays it over the whole model."""
     if slo_tpot_ms is not None:
+        analytic = {"--workers": workers, "--slots": slots, "--memory-gb": memory_gb, "--slo-ms": slo_ms,
+                    "--previous": previous, "--artifacts": artifacts}  # fmt: skip
+        if given := [name for name, value in analytic.items() if value is not None]:
+            raise click.UsageError(f"{', '.join(given)}: not with --slo-tpot-ms (the optimiser chooses)")
         traffic["keep_warm"] = not no_keep_warm
         traffic["replica_scales"] = list(replica_scales) or None
         traffic["packings"] = list(packings) or None

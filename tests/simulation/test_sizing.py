@@ -190,6 +190,22 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
         cli, ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "1", "-o", str(plan_path)]
     )
     assert refused.exit_code == 1 and "best reached is p99 TPOT" in refused.output and not plan_path.exists()
+    mixed = runner.invoke(
+        cli,
+        [
+            "plan",
+            *common,
+            "--policy",
+            "moeless",
+            "--slo-tpot-ms",
+            "9",
+            "--workers",
+            "2",
+            "-o",
+            str(plan_path),
+        ],
+    )
+    assert mixed.exit_code == 2 and "--workers: not with --slo-tpot-ms" in mixed.output
     sized = runner.invoke(
         cli,
         ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "1e7", "--frontier", "-o", str(plan_path)],
