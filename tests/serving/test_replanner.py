@@ -108,3 +108,35 @@ def test_a_sized_plan_reprovisions_integer_concurrency_from_the_demand_it_serves
         name = next(iter(provisioned))
         wait_for(lambda: host.pools[name].provisioned_status("live")["Status"] == "READY")
         assert replanner.errors == 0
+
+
+def test_a_packed_sized_plan_serves_the_unsplit_models_tokens(tiny, tmp_path):
+    """Functions hosting experts of two consecutive layers, replicas as environments, kept warm by
+    the keeper: the answers are the unsplit model's, token for token."""
+    from dataclasses import replace
+
+    import numpy as np
+
+    from moeless.contracts.plan import Plan
+    from moeless.planning.concurrency import Warmth, with_concurrency
+    from moeless.planning.packing import pack_across_layers
+    from tests.serving.test_serving import engine_ids, reference_ids
+
+    model_dir, artifacts = tiny.model("mixtral"), tiny.package("mixtral")
+    base = one_function_per_expert(load_manifest(artifacts))
+    experts = [replace(p, replicas=2) for p in base.experts]
+    packed = pack_across_layers(
+        Plan("moeless", experts, base.functions), 2, lambda a, b: np.ones((8, 8)), lambda n: 1769
+    )
+    assert len(packed.functions) == len(base.functions) // 2
+    assert all(len({layer for layer, _ in f.experts}) == 2 for f in packed.functions)
+    sized = with_concurrency(packed, {packed.functions[0].name: Warmth(1, 1)})
+    sized.params |= {"warm_up": True, "keep_warm_ping_s": 3600.0}
+    plan_path = tmp_path / "plan.json"
+    sized.save(plan_path)
+    with serving(artifacts, plan_path=plan_path) as (_, backbone, _host):
+        assert backbone.keep_warm is not None and backbone.keep_warm.kept
+        got = engine_ids(backbone, PROMPTS[:2], 8)
+        counters = backbone.stats.snapshot()["counters"]
+        assert counters.get("invokes", 0) > 0 and counters.get("fallbacks", 0) == 0
+    assert got == reference_ids(model_dir, PROMPTS[:2], 8)
