@@ -1,13 +1,15 @@
 """The replica optimiser's goals (issue 15), measured on held-out arrivals.
 
 Usage:
-    .venv/bin/python benchmarks/slo_plan.py                 # about an hour here
+    .venv/bin/python benchmarks/slo_plan.py                 # about 40 minutes here
     .venv/bin/python benchmarks/slo_plan.py --rates 0.05 --window 600   # a quick look
 
 For DeepSeek-V3 (routing: OLMoE's on C4, carried onto 256 experts; fp32 experts; batch 16), the
-SLO is the goal's own bound: p99 TPOT <= 1.5 x the Lambda floor (MoE layers x (warm invoke +
-one token's expert)). At each rate, for each direction (plan on the Azure 2023 code trace, replay
-the conversation trace, and the reverse; both rescaled to the rate, the first WINDOW seconds):
+SLOs bound p99 TPOT: the goal's own 1.5 x the Lambda floor (MoE layers x (warm invoke + one
+token's expert)), 3 x, and "reach": 1.25 x the best p99 TPOT any plan reaches on the planning
+trace (always reachable there; the held-out trace may differ). At each rate, for each direction
+(plan on the Azure 2023 code trace, replay the conversation trace, and the reverse; both rescaled
+to the rate, the first WINDOW seconds):
 
 1. ``moeless``'s sized plan (pings allowed) and the provisioned-only one (``keep_warm=False``) are
    made on the planning trace, then replayed on the held-out trace: SLO met, $ per 1k requests,
@@ -36,6 +38,7 @@ ARRIVALS = {
 LOADS = DATA / "routing" / "olmoe_c4.json"
 MODEL = "deepseek-v3"
 UNIFORM_LEVELS = (0, 1, 2)
+REACH_MARGIN = 1.25
 
 
 def setting(rate: float, trace: str, window_s: float) -> tuple[Any, Any, list[Any]]:
@@ -101,8 +104,11 @@ def one_case(
         frontiers[name] = sizing.points
         case[f"frontier_{name}"] = [p.row() for p in sizing.points]
     replayed: dict[int, dict[str, Any]] = {}
-    for factor in factors:
-        slo_ms = factor * floor
+    # the SLOs: multiples of the floor, and 1.25x the best p99 TPOT any plan reaches on the
+    # planning trace ("reach": always reachable there, the held-out trace may differ)
+    best = min(p.summary["tpot_ms_p99"] for points in frontiers.values() for p in points)
+    bounds = {f"{factor:g}": factor * floor for factor in factors} | {"reach": REACH_MARGIN * best}
+    for label, slo_ms in bounds.items():
         entry: dict[str, Any] = {"slo_tpot_ms": slo_ms}
         for name, points in frontiers.items():
             chosen, reachable = pick(points, slo_ms)
@@ -122,7 +128,7 @@ def one_case(
                         replayed[key] = replay(with_concurrency(chosen.plan, uniform))  # type: ignore[index]
                     sweep[str(level)] = replayed[key]  # type: ignore[index]
                 entry["uniform"] = sweep
-        case["slos"][str(factor)] = entry
+        case["slos"][label] = entry
     return case
 
 
@@ -132,7 +138,8 @@ def met(summary: dict[str, Any], slo_ms: float) -> bool:
 
 def table(cases: list[dict[str, Any]]) -> str:
     lines = [
-        "| rate | plan on -> judged on | SLO (x floor) | plan (packing, replicas, provisioned, pinged) "
+        "| rate | plan on -> judged on | SLO: p99 TPOT (x floor) "
+        "| plan (packing, replicas, provisioned, pinged) "
         "| reachable on planning | met on held-out "
         "| $/1k | x fleet | p99 TPOT / floor | cold starts / invokes | one-off $ "
         "| cheapest uniform level meeting the SLO ($/1k) | plan / brute force |",
@@ -160,7 +167,8 @@ def table(cases: list[dict[str, Any]]) -> str:
                 warmth = f"{row['provisioned']}, {row['keep_warm']}"
                 shape = f"{name} ({row['packing']}, x{row['replica_scale']}, {warmth})"
                 lines.append(
-                    f"| {case['rate']:g} | {case['plan_on']} -> {case['judge_on']} | {float(factor):g} "
+                    f"| {case['rate']:g} | {case['plan_on']} -> {case['judge_on']} "
+                    f"| {factor} ({slo_ms / case['floor_ms']:.2f}x) "
                     f"| {shape} | {reachable} | {'yes' if met(held, slo_ms) else 'no'} "
                     f"| {cost:.2f} | {cost / fleet:.3f} | {held['tpot_ms_p99'] / case['floor_ms']:.2f} "
                     f"| {held['cold_starts'] / max(held['invokes'], 1):.3%} | {held['one_off_usd']:.2f} "
