@@ -96,6 +96,14 @@ from moeless.contracts.plan import Placement, Policy
     "a packed function's warm environment serves layer after layer. Repeatable.",
 )
 @click.option(
+    "--allow-expert-dtype",
+    "allowed_dtypes",
+    type=click.Choice(["fp32", "fp16", "int8"]),
+    multiple=True,
+    help="With --slo-tpot-ms: the optimiser may also choose experts in this dtype. fp16 and int8 "
+    "change the outputs (the served tokens then differ from the unsplit model's). Repeatable.",
+)
+@click.option(
     "--frontier",
     is_flag=True,
     help="With --slo-tpot-ms: size moeless and remoe and simulate the fleet; write every point to "
@@ -136,6 +144,7 @@ def plan(
     memory_options: tuple[int, ...],
     replica_scales: tuple[int, ...],
     packings: tuple[int, ...],
+    allowed_dtypes: tuple[str, ...],
     frontier: bool,
     replan_s: float | None,
     no_keep_warm: bool,
@@ -154,6 +163,7 @@ def plan(
         traffic["keep_warm"] = not no_keep_warm
         traffic["replica_scales"] = list(replica_scales) or None
         traffic["packings"] = list(packings) or None
+        traffic["expert_dtypes"] = list(dict.fromkeys([traffic["expert_dtype"], *allowed_dtypes]))
         traffic["replan_s"] = replan_s
         _sized(
             policy,
@@ -167,11 +177,11 @@ def plan(
             traffic,
         )
         return
-    sized_only = (memory_options, replica_scales, packings, frontier, no_keep_warm, replan_s)
+    sized_only = (memory_options, replica_scales, packings, allowed_dtypes, frontier, no_keep_warm, replan_s)
     if slo_ttft_ms is not None or any(sized_only):
         raise click.UsageError(
-            "--slo-ttft-ms, --memory-mb, --replica-scale, --packing, --frontier, --replan-interval and "
-            "--no-keep-warm "
+            "--slo-ttft-ms, --memory-mb, --replica-scale, --packing, --allow-expert-dtype, --frontier, "
+            "--replan-interval and --no-keep-warm "
             "go with --slo-tpot-ms"
         )
     from moeless.contracts.loads import load_loads
@@ -281,6 +291,7 @@ def _sized(
                 name, deployment, routing, replay, duration, slo, memory_options=memory_options or None,
                 replica_scales=traffic["replica_scales"], keep_warm=traffic["keep_warm"],
                 replan_s=traffic["replan_s"], packings=traffic["packings"],
+                expert_dtypes=traffic["expert_dtypes"],
                 seed=traffic["seed"], progress=True,
             )  # fmt: skip
         except SloUnreachable as exc:
@@ -308,7 +319,8 @@ def _sized(
     click.echo(f"plan: {policy} sized for {slo.describe()} -> {output}")
     click.echo(
         f"  {len(chosen.plan.functions)} functions of {chosen.memory_mb} MB, "
-        f"replicas x{chosen.replica_scale}, {chosen.packing} layers' experts per function, "
+        f"{chosen.expert_dtype} experts, replicas x{chosen.replica_scale}, "
+        f"{chosen.packing} layers' experts per function, "
         f"{chosen.provisioned} provisioned environments, {chosen.keep_warm} kept warm by pings "
         f"(cold start priced at ${chosen.usd_per_cold_start:g})"
     )

@@ -27,7 +27,9 @@
    more) and each factor of ``replica_scales`` on the planner's replicas (default 1 and 4: more
    replicas split a prefill over more concurrent environments, shortening the step that stalls
    every decoding sequence, for more invokes and more environments to keep warm) runs steps 2-4;
-   the cheapest feasible wins.
+   the cheapest feasible wins. The experts' dtype is searched only over ``expert_dtypes`` (default:
+   the deployment's): fp16 and int8 change the outputs, so trading accuracy for cost is the
+   user's call, never the optimiser's own.
 
 Why the simulator in the loop rather than a queueing bound alone: an MoE step's invokes are not a
 Poisson stream (a prefill touches every expert of every layer at once; decode touches a few per
@@ -100,6 +102,7 @@ class FrontierPoint:
     summary: dict[str, Any]
     replica_scale: int = 1
     packing: int = 1  # experts of consecutive layers per function
+    expert_dtype: str = "fp32"
 
     @property
     def usd_per_1k(self) -> float:
@@ -121,6 +124,7 @@ class FrontierPoint:
             "memory_mb": self.memory_mb,
             "replica_scale": self.replica_scale,
             "packing": self.packing,
+            "expert_dtype": self.expert_dtype,
             "usd_per_cold_start": self.usd_per_cold_start,
             "provisioned": self.provisioned,
             "keep_warm": self.keep_warm,
@@ -229,6 +233,7 @@ def size_for_slo(
     memory_options: list[int] | None = None,
     replica_scales: list[int] | None = None,
     packings: list[int] | None = None,
+    expert_dtypes: list[str] | None = None,
     keep_warm: bool = True,
     replan_s: float | None = None,
     prewarm: dict[str, PrewarmModel] | None = None,
@@ -243,48 +248,59 @@ def size_for_slo(
     """
     if policy not in ("moeless", "remoe"):
         raise SimulationError(f"the replica optimiser sizes moeless or remoe plans, not {policy!r}")
-    base = with_concurrency(plan_for_policy(policy, routing.loads(), deployment), {})
-    memories = memory_options or default_memory_options(deployment)
-    floor = min(lambda_floor_ms(deployment, m) for m in memories)
-
-    def run(plan: Plan) -> PolicyResult:
-        return simulate_policy(
-            policy,
-            deployment,
-            routing,
-            replay,
-            duration_s,
-            plan=plan,
-            prewarm=prewarm,
-            seed=seed,
-            timeline=False,
-            warm_up=True,
-            progress=progress,
-        )
-
+    variants = {d: replace(deployment, expert_dtype=d) for d in (expert_dtypes or [deployment.expert_dtype])}
     points: list[FrontierPoint] = []
+    floors = []
     scores = pair_scores(routing)
-    shapes = itertools.product(
-        packings or DEFAULT_PACKINGS, memories, replica_scales or DEFAULT_REPLICA_SCALES
-    )
-    seen = set()
-    for per_function, memory_option, scale in shapes:
-        packed = pack_across_layers(base, per_function, scores, lambda n: _memory_for(deployment, n))
-        memory = max(memory_option, max((f.memory_mb for f in packed.functions), default=memory_option))
-        if (per_function, memory, scale) in seen:  # a packing that needs more memory than the option
-            continue
-        seen.add((per_function, memory, scale))
-        ping_usd = _ping_usd(deployment, memory, duration_s) if keep_warm else None
-        replan = None
-        if replan_s:
-            round_usd = _ping_usd(deployment, memory, KEEP_WARM_PING_S)  # one round of pings
-            ping_per_s = round_usd / KEEP_WARM_PING_S if keep_warm else None
-            replan = {"interval_s": replan_s, "ping_usd_per_s": ping_per_s, "smoothing": 0.5, "down_after": 3}
-        plan = with_replicas(with_memory(packed, memory), scale)
-        family = _Family(plan, memory, duration_s, run, ping_usd, scale, replan, per_function)
-        for price in PRICE_GRID:
-            family.point(price)
-        points += family.points
+    for variant in variants.values():
+        memories = memory_options or default_memory_options(variant)
+        floors += [lambda_floor_ms(variant, m) for m in memories]
+
+        def run(plan: Plan, variant: Deployment = variant) -> PolicyResult:
+            return simulate_policy(
+                policy,
+                variant,
+                routing,
+                replay,
+                duration_s,
+                plan=plan,
+                prewarm=prewarm,
+                seed=seed,
+                timeline=False,
+                warm_up=True,
+                progress=progress,
+            )
+
+        base = with_concurrency(plan_for_policy(policy, routing.loads(), variant), {})
+        shapes = itertools.product(
+            packings or DEFAULT_PACKINGS, memories, replica_scales or DEFAULT_REPLICA_SCALES
+        )
+        seen = set()
+        for per_function, memory_option, scale in shapes:
+            packed = pack_across_layers(base, per_function, scores, lambda n, v=variant: _memory_for(v, n))
+            memory = max(memory_option, max((f.memory_mb for f in packed.functions), default=memory_option))
+            if (per_function, memory, scale) in seen:  # a packing that needs more memory than the option
+                continue
+            seen.add((per_function, memory, scale))
+            ping_usd = _ping_usd(variant, memory, duration_s) if keep_warm else None
+            replan = None
+            if replan_s:
+                round_usd = _ping_usd(variant, memory, KEEP_WARM_PING_S)  # one round of pings
+                ping_per_s = round_usd / KEEP_WARM_PING_S if keep_warm else None
+                replan = {
+                    "interval_s": replan_s,
+                    "ping_usd_per_s": ping_per_s,
+                    "smoothing": 0.5,
+                    "down_after": 3,
+                }
+            plan = with_replicas(with_memory(packed, memory), scale)
+            family = _Family(plan, memory, duration_s, run, ping_usd, scale, replan, per_function)
+            for price in PRICE_GRID:
+                family.point(price)
+            for point in family.points:
+                point.expert_dtype = variant.expert_dtype
+            points += family.points
+    floor = min(floors)
     feasible = [p for p in points if slo.met(p.summary)]
     sizing = Sizing(
         policy,
@@ -295,7 +311,7 @@ def size_for_slo(
     )
     if sizing.chosen is None:
         raise SloUnreachable(sizing)
-    sizing.chosen.plan = _annotated(sizing.chosen, sizing, deployment)
+    sizing.chosen.plan = _annotated(sizing.chosen, sizing, variants[sizing.chosen.expert_dtype])
     return sizing
 
 

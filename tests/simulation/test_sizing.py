@@ -385,3 +385,18 @@ def test_a_packed_plan_still_cuts_every_invoke_to_the_payload_limit():
     assert result.pieces and all(rows <= limit for _, _, rows in result.pieces)
     assert any(rows == limit for _, _, rows in result.pieces)  # expert 0 got ~16,000 prefill rows: cut
     assert sum(rows for _, _, rows in result.pieces) == 4 * (40_000 + 1)  # each layer: prefill, 1 token
+
+
+def test_a_cheaper_expert_dtype_is_chosen_only_where_the_user_allows_it():
+    deployment = Deployment.choose(one_expert_shape())
+    routing = SampledRouting.from_loads(Loads({0: np.array([4.0, 3, 2, 1])}, {"top_k": 1}), 1, [0], 1)
+    replay = [Request(20.0 * n, 200, 8, n) for n in range(10)]
+    fp32 = size_for_slo("moeless", deployment, routing, replay, 200.0, Slo(1e9))
+    assert {p.expert_dtype for p in fp32.points} == {"fp32"}
+    allowed = size_for_slo(
+        "moeless", deployment, routing, replay, 200.0, Slo(1e9), expert_dtypes=["fp32", "int8"]
+    )
+    assert {p.expert_dtype for p in allowed.points} == {"fp32", "int8"}
+    assert allowed.chosen.expert_dtype == "int8"  # a quarter of the bytes, 4.2x the speed
+    assert allowed.chosen.plan.params["deployment"]["expert_dtype"] == "int8"
+    assert allowed.chosen.usd_per_1k <= fp32.chosen.usd_per_1k
