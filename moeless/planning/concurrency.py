@@ -116,7 +116,7 @@ def provisioned_for(
     return Warmth(provisioned, max(0, pinged - provisioned))
 
 
-def _pays(usd_per_cold_start: float, cold_starts: int, cost: float) -> bool:
+def _pays(usd_per_cold_start: float, cold_starts: float, cost: float) -> bool:
     return cold_starts > 0 and (math.isinf(usd_per_cold_start) or usd_per_cold_start * cold_starts >= cost)
 
 

@@ -80,7 +80,8 @@ def pack_across_layers(
     experts: dict[int, list[int]] = {layer: [] for layer in layers}
     for placement in on_functions:
         experts[placement.layer].append(placement.expert)
-    functions, host = [], {}
+    functions: list[FunctionSpec] = []
+    host: dict[tuple[int, int], tuple[str, int]] = {}
     for index, group in enumerate(chains(layers, experts, per_function, pair_scores)):
         memory = memory_for(len(group))
         if memory > MAX_FUNCTION_MB:

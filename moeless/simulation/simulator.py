@@ -746,10 +746,10 @@ class Simulator:
                     start = now + cold_ms / 1e3
                 function.free_at[k] = start + busy_ms / 1e3
             # demand by level, its cold starts as on-demand Lambda alone would have had them
-            idle = self._levels.touch(name, level, now)
-            self._demand.setdefault(name, LevelDemand()).add(level, busy_ms / 1e3, idle)
+            level_idle = self._levels.touch(name, level, now)
+            self._demand.setdefault(name, LevelDemand()).add(level, busy_ms / 1e3, level_idle)
             if self.reprovision is not None:
-                self._window_demand.setdefault(name, LevelDemand()).add(level, busy_ms / 1e3, idle)
+                self._window_demand.setdefault(name, LevelDemand()).add(level, busy_ms / 1e3, level_idle)
         rate = (
             self.model.prices.provisioned_duration_per_gb_second
             if provisioned

@@ -40,6 +40,7 @@ latency target tolerates depends on the request mix. The rule in step 3 is the q
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from collections.abc import Callable
@@ -277,7 +278,7 @@ def size_for_slo(
         )
         seen = set()
         for per_function, memory_option, scale in shapes:
-            packed = pack_across_layers(base, per_function, scores, lambda n, v=variant: _memory_for(v, n))
+            packed = pack_across_layers(base, per_function, scores, functools.partial(_memory_for, variant))
             memory = max(memory_option, max((f.memory_mb for f in packed.functions), default=memory_option))
             if (per_function, memory, scale) in seen:  # a packing that needs more memory than the option
                 continue
