@@ -284,7 +284,7 @@ def _sized(
     )
     slo = Slo(slo_tpot_ms, slo_ttft_ms)
     click.echo(f"sizing {policy} for {slo.describe()} on {len(replay)} requests ({source}, {duration:g} s)")
-    sizings, chosen, failure = [], None, None
+    sizings, chosen, floor_ms, failure = [], None, 0.0, None
     for name in ("moeless", "remoe") if frontier else (policy,):
         try:
             sizing = size_for_slo(
@@ -305,7 +305,7 @@ def _sized(
             continue
         sizings.append(sizing)
         if name == policy:
-            chosen = sizing.chosen
+            chosen, floor_ms = sizing.chosen, sizing.floor_ms
     if frontier:
         from moeless.simulation.frontier import write_frontier
 
@@ -326,7 +326,7 @@ def _sized(
     )
     click.echo(
         f"  simulated: ${summary['usd_per_1k_requests']:.2f} per 1k requests, p99 TPOT "
-        f"{summary['tpot_ms_p99']:.1f} ms (Lambda floor {sizings[-1].floor_ms:.1f}), p99 TTFT "
+        f"{summary['tpot_ms_p99']:.1f} ms (Lambda floor {floor_ms:.1f}), p99 TTFT "
         f"{summary['ttft_ms_p99']:.1f} ms, cold starts {summary['cold_starts']} of "
         f"{summary['invokes']} invokes"
     )
