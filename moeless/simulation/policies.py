@@ -94,6 +94,11 @@ class Deployment:
         )
 
     @property
+    def dense_bytes(self) -> float:
+        """The dense part's bytes on the GPUs (a 4-bit expert format keeps attention in bf16)."""
+        return self.shape.dense_bytes(_dense_dtype(self.gpu_dtype))
+
+    @property
     def kv_bytes(self) -> float:
         return self.max_batch * self.context_tokens * self.shape.kv_bytes_per_token
 
@@ -108,7 +113,7 @@ class Deployment:
         shape = self.shape
         return GpuModel(
             blocks=shape.num_layers,
-            dense_bytes=shape.dense_bytes(_dense_dtype(self.gpu_dtype)),
+            dense_bytes=self.dense_bytes,
             dense_params=shape.dense_params - shape.embedding_params,  # a lookup is no matmul
             kv_bytes_per_token=shape.kv_bytes_per_token,
             attention_flops=shape.attention_flops_per_token_per_context,
@@ -129,7 +134,7 @@ class Deployment:
 
     def spare_backbone_gb(self) -> float:
         """GPU memory the backbone has left for resident experts, GB."""
-        used = self.shape.dense_bytes(_dense_dtype(self.gpu_dtype)) + self.kv_bytes
+        used = self.dense_bytes + self.kv_bytes
         return max(0.0, (self.backbone.memory_bytes - used) / 1e9)
 
     def params(self) -> dict[str, Any]:
