@@ -137,15 +137,19 @@ def _plan_deployment(
     recorded: dict, expert_dtype: str, max_batch: int, context_tokens: int
 ) -> tuple[str, int, int]:
     """A sized plan's expert dtype, batch and context (what its functions and concurrency were
-    sized for) win over the options' defaults; an option that contradicts them is an error."""
+    sized for) win over the options left at their defaults; an option given that contradicts them
+    is an error."""
+    from click.core import ParameterSource
+
+    context = click.get_current_context()
     chosen = []
-    for key, value, default in (
-        ("expert_dtype", expert_dtype, "fp32"),
-        ("max_batch", max_batch, 16),
-        ("context_tokens", context_tokens, 8192),
+    for key, value in (
+        ("expert_dtype", expert_dtype),
+        ("max_batch", max_batch),
+        ("context_tokens", context_tokens),
     ):
         planned = recorded.get(key, value)
-        if value != default and value != planned:
+        if context.get_parameter_source(key) is not ParameterSource.DEFAULT and value != planned:
             raise click.UsageError(f"the plan was sized for {key} {planned}, not {value}")
         chosen.append(planned)
     return chosen[0], int(chosen[1]), int(chosen[2])

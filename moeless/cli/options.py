@@ -33,7 +33,9 @@ def echo_step(message: str, quiet: bool = False) -> None:
         click.echo(message, err=True)
 
 
-def _stack(*options: Callable[[F], F]) -> Callable[[F], F]:
+def option_group(*options: Callable[[F], F]) -> Callable[[F], F]:
+    """One decorator applying ``options`` in the order given (the first is listed first in --help)."""
+
     def apply(command: F) -> F:
         for option in reversed(options):
             command = option(command)
@@ -43,7 +45,7 @@ def _stack(*options: Callable[[F], F]) -> Callable[[F], F]:
 
 
 # what a simulation replays: its requests (`moeless simulate`, `moeless plan --slo-tpot-ms`)
-traffic_options = _stack(
+traffic_options = option_group(
     click.option(
         "--arrivals",
         "arrivals_path",
@@ -89,7 +91,7 @@ traffic_options = _stack(
 )
 
 # the hardware and serving settings a simulation runs on
-deployment_options = _stack(
+deployment_options = option_group(
     click.option(
         "--max-batch", type=click.IntRange(1), default=16, show_default=True, help="Sequences per step."
     ),

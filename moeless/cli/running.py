@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import click
 
 from moeless.checkout import EXPERT_TASK_ROOT
+from moeless.cli.options import option_group
 from moeless.contracts.environment import ALIAS
 
 
@@ -31,52 +30,48 @@ def wait_for_stop_signal() -> None:
     stop.wait()
 
 
-def host_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    """Options of the local Lambda host, shared by ``functions up`` and ``serve --local``."""
-    options = [
-        click.option(
-            "--alias",
-            default=ALIAS,
-            show_default=True,
-            help="Qualifier that carries provisioned concurrency (and that the backbone invokes).",
-        ),
-        click.option(
-            "--max-instances",
-            type=click.IntRange(1),
-            default=64,
-            show_default=True,
-            help="Function instances alive at once, all functions together (the local account limit).",
-        ),
-        click.option(
-            "--idle-timeout",
-            type=click.FloatRange(0.1),
-            default=300.0,
-            show_default=True,
-            help="Seconds before an idle on-demand instance is stopped.",
-        ),
-        click.option(
-            "--timeout",
-            type=click.FloatRange(0.1),
-            default=30.0,
-            show_default=True,
-            help="Function timeout in seconds.",
-        ),
-        click.option(
-            "--log-dir",
-            type=click.Path(file_okay=False, path_type=Path),
-            help="Keep each instance's log stream here [default: a temporary folder].",
-        ),
-        click.option(
-            "--meter-out",
-            type=click.Path(dir_okay=False, path_type=Path),
-            help="Also write the final bill as JSON to this file.",
-        ),
-        click.option(
-            "--task-root",
-            type=click.Path(exists=True, file_okay=False, path_type=Path),
-            help="Folder of the expert handler [default: functions/expert of this checkout].",
-        ),
-    ]
-    for option in reversed(options):
-        command = option(command)
-    return command
+# options of the local Lambda host, shared by ``functions up`` and ``serve --local``
+host_options = option_group(
+    click.option(
+        "--alias",
+        default=ALIAS,
+        show_default=True,
+        help="Qualifier that carries provisioned concurrency (and that the backbone invokes).",
+    ),
+    click.option(
+        "--max-instances",
+        type=click.IntRange(1),
+        default=64,
+        show_default=True,
+        help="Function instances alive at once, all functions together (the local account limit).",
+    ),
+    click.option(
+        "--idle-timeout",
+        type=click.FloatRange(0.1),
+        default=300.0,
+        show_default=True,
+        help="Seconds before an idle on-demand instance is stopped.",
+    ),
+    click.option(
+        "--timeout",
+        type=click.FloatRange(0.1),
+        default=30.0,
+        show_default=True,
+        help="Function timeout in seconds.",
+    ),
+    click.option(
+        "--log-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        help="Keep each instance's log stream here [default: a temporary folder].",
+    ),
+    click.option(
+        "--meter-out",
+        type=click.Path(dir_okay=False, path_type=Path),
+        help="Also write the final bill as JSON to this file.",
+    ),
+    click.option(
+        "--task-root",
+        type=click.Path(exists=True, file_okay=False, path_type=Path),
+        help="Folder of the expert handler [default: functions/expert of this checkout].",
+    ),
+)

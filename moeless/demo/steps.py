@@ -125,12 +125,16 @@ def size_for_demo_slo(trace_dir: Path, manifest: Manifest, out: Path) -> tuple[P
     :data:`SLO_FLOOR_FACTOR` x the Lambda floor, p99 TTFT at most :data:`SLO_TTFT_MS`) on the
     demo's simulated traffic; saved as ``out/moeless.json``. Returns it and the line the report
     states it with."""
-    from moeless.simulation.sizing import Slo, SloUnreachable, lambda_floor_ms, size_for_slo
+    from moeless.simulation.sizing import (
+        Slo,
+        SloUnreachable,
+        default_memory_options,
+        lambda_floor_ms,
+        size_for_slo,
+    )
 
     deployment, routing, replay = _traffic(trace_dir)
-    floor = lambda_floor_ms(
-        deployment, deployment.model.function_memory_mb(deployment.expert_size().weight_bytes)
-    )
+    floor = lambda_floor_ms(deployment, default_memory_options(deployment)[0])
     slo = Slo(SLO_FLOOR_FACTOR * floor, SLO_TTFT_MS)
     try:
         sizing = size_for_slo("moeless", deployment, routing, replay, SIMULATED_S, slo)

@@ -50,7 +50,7 @@ from typing import Any
 import numpy as np
 
 from moeless.contracts.environment import KEEP_WARM_PING_S
-from moeless.contracts.loads import shares
+from moeless.contracts.loads import Loads, shares
 from moeless.contracts.plan import Plan, PlanEstimate
 from moeless.errors import SimulationError
 from moeless.planning.concurrency import (
@@ -190,14 +190,16 @@ def _memory_for(deployment: Deployment, experts: int) -> int:
     return deployment.model.function_memory_mb(deployment.expert_size().weight_bytes * experts)
 
 
-def pair_scores(routing: StepRouting) -> Callable[[int, int], np.ndarray]:
+def pair_scores(routing: StepRouting, loads: Loads) -> Callable[[int, int], np.ndarray]:
     """Co-activation of two layers' experts, ``[E, E]``: tokens that chose e at the first and e'
-    at the second (a recorded routing's decode tokens), else the product of their shares."""
+    at the second (a recorded routing's decode tokens), else the product of their shares in
+    ``loads`` (the routing's)."""
     index = {layer: i for i, layer in enumerate(routing.layers)}
     if isinstance(routing, RecordedRouting):
         rows = [r for r in routing.decode_rows if len(r)]
         chosen = routing.chosen
 
+        @functools.cache  # the same layer pairs come back for every dtype allowed
         def recorded(a: int, b: int) -> np.ndarray:
             counts = np.zeros((routing.num_experts, routing.num_experts))
             for r in rows:
@@ -208,7 +210,6 @@ def pair_scores(routing: StepRouting) -> Callable[[int, int], np.ndarray]:
             return counts
 
         return recorded
-    loads = routing.loads()
 
     def sampled(a: int, b: int) -> np.ndarray:
         return np.outer(shares(loads.layers[a]), shares(loads.layers[b]))
@@ -252,7 +253,8 @@ def size_for_slo(
     variants = {d: replace(deployment, expert_dtype=d) for d in (expert_dtypes or [deployment.expert_dtype])}
     points: list[FrontierPoint] = []
     floors = []
-    scores = pair_scores(routing)
+    loads = routing.loads()
+    scores = pair_scores(routing, loads)
     for variant in variants.values():
         memories = memory_options or default_memory_options(variant)
         floors += [lambda_floor_ms(variant, m) for m in memories]
@@ -272,13 +274,15 @@ def size_for_slo(
                 progress=progress,
             )
 
-        base = with_concurrency(plan_for_policy(policy, routing.loads(), variant), {})
-        shapes = itertools.product(
-            packings or DEFAULT_PACKINGS, memories, replica_scales or DEFAULT_REPLICA_SCALES
-        )
+        base = with_concurrency(plan_for_policy(policy, loads, variant), {})
+        packed_by = {
+            n: pack_across_layers(base, n, scores, functools.partial(_memory_for, variant))
+            for n in packings or DEFAULT_PACKINGS
+        }
+        shapes = itertools.product(packed_by, memories, replica_scales or DEFAULT_REPLICA_SCALES)
         seen = set()
         for per_function, memory_option, scale in shapes:
-            packed = pack_across_layers(base, per_function, scores, functools.partial(_memory_for, variant))
+            packed = packed_by[per_function]
             memory = max(memory_option, max((f.memory_mb for f in packed.functions), default=memory_option))
             if (per_function, memory, scale) in seen:  # a packing that needs more memory than the option
                 continue
