@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import re
 import statistics
 import subprocess
@@ -37,13 +38,15 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
+import numpy as np
 from common import load_prompts, tiny_mixtral
 
 from backbone_service.local import running_service
 from moeless.contracts.manifest import load_manifest
-from moeless.contracts.plan import one_function_per_expert
+from moeless.contracts.plan import load_plan, one_function_per_expert
 from moeless.lambda_host.experts import start_expert_host
 from moeless.model.reference import eos_token_ids
+from moeless.planning.packing import pack_within_layer
 from moeless.serving.backbone import Backbone, BackboneConfig, resolve_device
 from moeless.serving.generation import GenerationEngine, SamplingParams
 
@@ -88,14 +91,24 @@ def run_clients(clients: int, prompts: list[str], one_request) -> tuple[list, fl
     return records, time.perf_counter() - started
 
 
-def service_request(url: str, model: str):
+def service_request(url: str, model: str, connections: int = 16):
+    """One streamed completion, on a keep-alive connection made beforehand (as an SDK client keeps
+    one), so that no client's set-up is timed."""
+    clients: queue.SimpleQueue[httpx.Client] = queue.SimpleQueue()
+    for _ in range(connections):
+        clients.put(httpx.Client(timeout=300))
+
     def one(prompt: str) -> tuple[float, list[float]]:
         body = {"model": model, "prompt": prompt, "max_tokens": MAX_TOKENS, "temperature": 0, "stream": True}
+        http = clients.get()
         start, times = time.perf_counter(), []
-        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=300) as response:
-            for line in response.iter_lines():
-                if line.startswith("data: {") and '"text": ""' not in line:
-                    times.append(time.perf_counter())
+        try:
+            with http.stream("POST", f"{url}/v1/completions", json=body) as response:
+                for line in response.iter_lines():
+                    if line.startswith("data: {") and '"text": ""' not in line:
+                        times.append(time.perf_counter())
+        finally:
+            clients.put(http)
         return start, times
 
     return one
@@ -119,10 +132,34 @@ def engine_request(engine: GenerationEngine, tokenizer):
     return one
 
 
+PLANS = {
+    "expert": "one function per expert (an invoke per needed expert and layer)",
+    "layer": "a layer's experts in one function (one bundled invoke per layer)",
+}
+
+
+def plan_of(kind: str, artifacts: Path, folder: Path) -> Path:
+    """The plan file of ``kind`` (see ``PLANS``) for the package."""
+    manifest = load_manifest(artifacts)
+    plan = one_function_per_expert(manifest)
+    if kind == "layer":
+        experts = manifest.num_experts
+        plan = pack_within_layer(
+            plan,
+            experts,
+            lambda _: np.zeros((experts, experts)),
+            lambda _: np.ones(experts),
+            lambda _: plan.functions[0].memory_mb,
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    plan.save(folder / f"plan-{kind}.json")
+    return folder / f"plan-{kind}.json"
+
+
 @contextmanager
-def host_process(artifacts: Path) -> Iterator[str]:
-    """The Lambda API URL of the package's functions (one per expert) on a local host in a
-    ``moeless functions up`` child process (off the service's interpreter lock)."""
+def host_process(artifacts: Path, plan: Path) -> Iterator[str]:
+    """The Lambda API URL of the plan's functions on a local host in a ``moeless functions up``
+    child process (off the service's interpreter lock)."""
     command = [
         sys.executable,
         "-c",
@@ -130,6 +167,8 @@ def host_process(artifacts: Path) -> Iterator[str]:
         "functions",
         "up",
         str(artifacts),
+        "--plan",
+        str(plan),
     ]
     process = subprocess.Popen(
         [*command, "--port", "0", "--quiet"], cwd=REPO, stdout=subprocess.PIPE, text=True
@@ -153,7 +192,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
     parser.add_argument("--host-process", action="store_true", help="run the Lambda host in its own process")
+    parser.add_argument(
+        "--plans", default="expert,layer", help=f"comma-separated, of: {', '.join(PLANS)} (default both)"
+    )
     args = parser.parse_args()
+    plans = args.plans.split(",")
+    if unknown := set(plans) - set(PLANS):
+        parser.error(f"unknown plan(s) {', '.join(sorted(unknown))}; choose from {', '.join(PLANS)}")
     device = resolve_device(args.device)
     levels = (1, 4) if args.quick else (1, 4, 16)
     per_level = 8 if args.quick else 32
@@ -162,21 +207,31 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     unsplit = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     baseline = GenerationEngine(unsplit, tokenizer, None, eos_token_ids(unsplit), max_batch=16)
-    config = BackboneConfig(artifacts, device=device, max_batch=16, replan_interval_s=0)
-    plan = one_function_per_expert(load_manifest(artifacts))
-    with ExitStack() as stack:
-        start_host = None
-        if args.host_process:
-            config = replace(config, lambda_endpoint=stack.enter_context(host_process(artifacts)))
-        else:
-            start_host = lambda: start_expert_host(artifacts, plan, EXPERT_ROOT)  # noqa: E731
-        server, backbone, _ = stack.enter_context(running_service(config, 0, start_host))
-        try:
-            host = "in its own process" if args.host_process else "in-process"
-            setup = f"backbones on {device}, Lambda host {host}"
-            measure(server.url, backbone, baseline, tokenizer, prompts, levels, per_level, setup)
-        finally:
-            baseline.stop()
+    host = "in its own process" if args.host_process else "in-process"
+    print(
+        f"prompts: {'../shared/data/prompts/dev.jsonl' if SHARED_PROMPTS.is_file() else 'demo prompts'}, "
+        f"{per_level} requests per level, max_tokens {MAX_TOKENS}, greedy, backbones on {device}, "
+        f"Lambda host {host}"
+    )
+    try:
+        for kind in plans:
+            plan_path = plan_of(kind, artifacts, WORKDIR)
+            config = BackboneConfig(
+                artifacts, plan=plan_path, device=device, max_batch=16, replan_interval_s=0
+            )
+            with ExitStack() as stack:
+                start_host = None
+                if args.host_process:
+                    endpoint = stack.enter_context(host_process(artifacts, plan_path))
+                    config = replace(config, lambda_endpoint=endpoint)
+                else:
+                    plan = load_plan(plan_path, load_manifest(artifacts))
+                    start_host = lambda plan=plan: start_expert_host(artifacts, plan, EXPERT_ROOT)  # noqa: E731
+                server, backbone, _ = stack.enter_context(running_service(config, 0, start_host))
+                print(f"\nplan: {PLANS[kind]}")
+                measure(server.url, backbone, baseline, tokenizer, prompts, levels)
+    finally:
+        baseline.stop()
 
 
 def measure(
@@ -186,16 +241,10 @@ def measure(
     tokenizer,
     prompts: list[str],
     levels: tuple[int, ...],
-    per_level: int,
-    setup: str,
 ) -> None:
     """Both systems at each number of concurrent clients, the service first."""
     ask = service_request(url, backbone.model_name)
     run_clients(16, load_prompts(16), ask)  # warm-up: start the instances 16 clients need
-    print(
-        f"prompts: {'../shared/data/prompts/dev.jsonl' if SHARED_PROMPTS.is_file() else 'demo prompts'}, "
-        f"{per_level} requests per level, max_tokens {MAX_TOKENS}, greedy, {setup}"
-    )
     print(
         f"{'clients':>7} | {'service tok/s':>13} {'TPOT p50/p99 ms':>16} {'TTFT p50':>9} | "
         f"{'unsplit tok/s':>13} {'TPOT p50/p99 ms':>16} | {'tok/s ratio':>11} | {'dispatch ms/layer':>17}"

@@ -1,9 +1,10 @@
 """The expert Lambda: one or more routed experts served with onnxruntime.
 
 Init (module import, Lambda's init phase) loads and checksum-checks the experts named by
-the environment (see ``moeless/expert_function.py``); each invoke runs one expert on the
-payload of docs/design.md and returns its output with ``init_ms`` and ``compute_ms``, as JSON bytes
-(awslambdaric passes bytes through; serialising the long base64 string itself is slower).
+the environment (see ``moeless/experts/function.py``); each invoke runs one expert, or a bundle
+of one layer's experts, on the payload of docs/design.md and returns its output with ``init_ms``
+and ``compute_ms``, as JSON bytes (awslambdaric passes bytes through; serialising the long base64
+string itself is slower).
 """
 
 import os

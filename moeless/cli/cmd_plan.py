@@ -96,6 +96,14 @@ from moeless.contracts.plan import Placement, Policy
     "a packed function's warm environment serves layer after layer. Repeatable.",
 )
 @click.option(
+    "--group-experts",
+    "groups",
+    type=click.IntRange(1, 256),
+    multiple=True,
+    help="With --slo-tpot-ms: co-activated experts of one layer per function to choose from [1]; "
+    "a step's rows for all of them travel in one bundled invoke. Repeatable.",
+)
+@click.option(
     "--allow-expert-dtype",
     "allowed_dtypes",
     type=click.Choice(["fp32", "fp16", "int8"]),
@@ -144,6 +152,7 @@ def plan(
     memory_options: tuple[int, ...],
     replica_scales: tuple[int, ...],
     packings: tuple[int, ...],
+    groups: tuple[int, ...],
     allowed_dtypes: tuple[str, ...],
     frontier: bool,
     replan_s: float | None,
@@ -163,6 +172,7 @@ def plan(
         traffic["keep_warm"] = not no_keep_warm
         traffic["replica_scales"] = list(replica_scales) or None
         traffic["packings"] = list(packings) or None
+        traffic["groups"] = list(groups) or None
         traffic["expert_dtypes"] = list(dict.fromkeys([traffic["expert_dtype"], *allowed_dtypes]))
         traffic["replan_s"] = replan_s
         _sized(
@@ -177,12 +187,13 @@ def plan(
             traffic,
         )
         return
-    sized_only = (memory_options, replica_scales, packings, allowed_dtypes, frontier, no_keep_warm, replan_s)
+    sized_only = (
+        memory_options, replica_scales, packings, groups, allowed_dtypes, frontier, no_keep_warm, replan_s
+    )  # fmt: skip
     if slo_ttft_ms is not None or any(sized_only):
         raise click.UsageError(
-            "--slo-ttft-ms, --memory-mb, --replica-scale, --packing, --allow-expert-dtype, --frontier, "
-            "--replan-interval and --no-keep-warm "
-            "go with --slo-tpot-ms"
+            "--slo-ttft-ms, --memory-mb, --replica-scale, --packing, --group-experts, "
+            "--allow-expert-dtype, --frontier, --replan-interval and --no-keep-warm go with --slo-tpot-ms"
         )
     from moeless.contracts.loads import load_loads
     from moeless.contracts.manifest import load_manifest
@@ -290,7 +301,7 @@ def _sized(
             sizing = size_for_slo(
                 name, deployment, routing, replay, duration, slo, memory_options=memory_options or None,
                 replica_scales=traffic["replica_scales"], keep_warm=traffic["keep_warm"],
-                replan_s=traffic["replan_s"], packings=traffic["packings"],
+                replan_s=traffic["replan_s"], packings=traffic["packings"], groups=traffic["groups"],
                 expert_dtypes=traffic["expert_dtypes"],
                 seed=traffic["seed"], progress=True,
             )  # fmt: skip
@@ -320,7 +331,7 @@ def _sized(
     click.echo(
         f"  {len(chosen.plan.functions)} functions of {chosen.memory_mb} MB, "
         f"{chosen.expert_dtype} experts, replicas x{chosen.replica_scale}, "
-        f"{chosen.packing} layers' experts per function, "
+        f"{chosen.packing} layers' experts per function, {chosen.group} per layer, "
         f"{chosen.provisioned} provisioned environments, {chosen.keep_warm} kept warm by pings "
         f"(cold start priced at ${chosen.usd_per_cold_start:g})"
     )

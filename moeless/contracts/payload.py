@@ -4,6 +4,12 @@ Request ``{"layer": L, "expert": e, "dtype": "float32" | "float16", "shape": [to
 "data": "<base64 of the little-endian row-major matrix>"}``; reply ``{"dtype", "shape", "data",
 "init_ms", "compute_ms"}``; or ``{"error": {"type", "message"}}``. JSON, so it passes through
 Lambda's Invoke API unchanged. numpy only: the function image has no torch.
+
+A function hosting several experts of one layer takes them in one invoke (a *bundle*): instead of
+``"expert"``, ``"experts": [e1, e2, ...]`` and ``"rows": [n1, n2, ...]`` say that the matrix's first
+``n1`` rows go to ``e1``, the next ``n2`` to ``e2``, and so on; the reply's matrix holds their
+outputs in the same order. One invoke per function and layer instead of one per expert: the
+invoke overhead is paid once for all of them.
 """
 
 from __future__ import annotations
@@ -34,12 +40,22 @@ class PayloadError(ValueError):
 
 @dataclass(frozen=True)
 class ExpertRequest:
-    """A decoded request: which expert, and its input rows as float32 ``[tokens, hidden]``."""
+    """A decoded request: which experts, and their input rows as float32 ``[tokens, hidden]``
+    (``rows[i]`` consecutive rows for ``experts[i]``, in order)."""
 
     layer: int
-    expert: int
+    experts: tuple[int, ...]
+    rows: tuple[int, ...]
     wire_dtype: str
     hidden: np.ndarray
+
+    def segments(self) -> list[tuple[int, np.ndarray]]:
+        """(expert, its rows) in request order."""
+        bounds = np.cumsum((0, *self.rows))
+        return [
+            (expert, self.hidden[start:end])
+            for expert, start, end in zip(self.experts, bounds[:-1], bounds[1:], strict=True)
+        ]
 
 
 def encode_matrix(matrix: np.ndarray, wire_dtype: str = "float32") -> dict[str, Any]:
@@ -105,21 +121,67 @@ def encode_request(
     return {"layer": layer, "expert": expert, **encode_matrix(hidden, wire_dtype)}
 
 
+def encode_bundle(
+    layer: int, inputs: list[tuple[int, np.ndarray]], wire_dtype: str = "float32"
+) -> dict[str, Any]:
+    """One request for several experts of ``layer``: ``inputs`` is (expert, rows ``[n, H]``) in order."""
+    if len(inputs) == 1:
+        return encode_request(layer, inputs[0][0], inputs[0][1], wire_dtype)
+    return {
+        "layer": layer,
+        "experts": [expert for expert, _ in inputs],
+        "rows": [len(rows) for _, rows in inputs],
+        **encode_matrix(np.concatenate([rows for _, rows in inputs]), wire_dtype),
+    }
+
+
+def _non_negative_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _experts_and_rows(event: dict[str, Any]) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    """The request's experts and rows per expert (``None``: one expert, all rows), either form."""
+    if "experts" not in event:
+        expert = event.get("expert")
+        if not isinstance(expert, int) or not _non_negative_int(expert):
+            raise PayloadError("InvalidRequest", f"expert must be a non-negative integer, got {expert!r}")
+        return (expert,), None
+    if "expert" in event:
+        raise PayloadError("InvalidRequest", "give either expert or experts + rows, not both")
+    experts, rows = event["experts"], event.get("rows")
+    if not isinstance(experts, list) or not experts or not all(map(_non_negative_int, experts)):
+        raise PayloadError(
+            "InvalidRequest", f"experts must be a non-empty list of non-negative integers, got {experts!r}"
+        )
+    if len(set(experts)) != len(experts):
+        raise PayloadError("InvalidRequest", f"experts must be distinct, got {experts!r}")
+    if not isinstance(rows, list) or len(rows) != len(experts) or not all(map(_non_negative_int, rows)):
+        raise PayloadError(
+            "InvalidRequest", f"rows must be one non-negative integer per expert, got {rows!r}"
+        )
+    return tuple(experts), tuple(rows)
+
+
 def decode_request(event: Any) -> ExpertRequest:
     """Validate an invoke event. Raises :class:`PayloadError` naming the first problem found."""
     if not isinstance(event, dict):
         raise PayloadError("InvalidRequest", f"the payload must be a JSON object, got {type(event).__name__}")
-    for key in ("layer", "expert"):
-        value = event.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise PayloadError("InvalidRequest", f"{key} must be a non-negative integer, got {value!r}")
+    layer = event.get("layer")
+    if not isinstance(layer, int) or not _non_negative_int(layer):
+        raise PayloadError("InvalidRequest", f"layer must be a non-negative integer, got {layer!r}")
+    experts, rows = _experts_and_rows(event)
     if isinstance(event.get("data"), str) and len(event["data"]) > MAX_PAYLOAD_BYTES:
         raise PayloadError(
             "PayloadTooLarge",
             f"data is {len(event['data'])} base64 bytes, over Lambda's {MAX_PAYLOAD_BYTES} byte limit: "
             "split the batch",
         )
-    return ExpertRequest(event["layer"], event["expert"], event.get("dtype", ""), decode_matrix(event))
+    hidden = decode_matrix(event)
+    if rows is None:
+        rows = (hidden.shape[0],)
+    elif sum(rows) != hidden.shape[0]:
+        raise PayloadError("InvalidShape", f"rows add up to {sum(rows)} but the matrix has {hidden.shape[0]}")
+    return ExpertRequest(layer, experts, rows, event.get("dtype", ""), hidden)
 
 
 def max_tokens_per_request(hidden: int, wire_dtype: str = "float32") -> int:

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
+import numpy as np
+
 from moeless.artifacts.verify import read_verified
 from moeless.contracts.environment import EXPERTS, EXPERTS_URI, THREADS, parse_expert_list
 from moeless.contracts.manifest import ExpertEntry, Manifest, load_manifest
@@ -121,19 +123,23 @@ class ExpertFunction:
 
     def _run(self, event: Any) -> dict[str, Any]:
         request = decode_request(event)
-        session = self.sessions.get((request.layer, request.expert))
-        if session is None:
+        missing = [e for e in request.experts if (request.layer, e) not in self.sessions]
+        if missing:
             hosted = ", ".join(f"{layer}:{expert}" for layer, expert in sorted(self.sessions))
             raise PayloadError(
                 "UnknownExpert",
-                f"layer {request.layer} expert {request.expert} is not hosted here (hosted: {hosted})",
+                f"layer {request.layer} expert {missing[0]} is not hosted here (hosted: {hosted})",
             )
         if request.hidden.shape[1] != self.hidden:
             raise PayloadError(
                 "InvalidShape", f"hidden size {request.hidden.shape[1]} != the model's {self.hidden}"
             )
         started = time.perf_counter()
-        (output,) = session.run(["output"], {"hidden": request.hidden})
+        outputs = [
+            self.sessions[(request.layer, expert)].run(["output"], {"hidden": rows})[0]
+            for expert, rows in request.segments()
+        ]
+        output = outputs[0] if len(outputs) == 1 else np.concatenate(outputs)
         compute_ms = (time.perf_counter() - started) * 1e3
         reply = encode_matrix(output, request.wire_dtype) | {"compute_ms": round(compute_ms, 3)}
         if len(reply["data"]) > MAX_PAYLOAD_BYTES:
@@ -149,7 +155,7 @@ class ExpertFunction:
         if isinstance(event, dict):
             record |= {
                 "layer": event.get("layer"),
-                "expert": event.get("expert"),
+                "expert": event.get("expert", event.get("experts")),
                 "shape": event.get("shape"),
             }
         record |= reply.get("error", {}) or {

@@ -1,4 +1,4 @@
-"""Packing: one function hosting experts of several consecutive layers.
+"""Packing: one function hosting experts of several consecutive layers, or of one layer.
 
 A warm environment of a packed function serves layer after layer of the same step (the layers of
 a step run one after another, so its experts' invokes seldom overlap), so a plan needs about
@@ -14,6 +14,14 @@ chain; each next layer's experts join the chains greedily by co-activation with 
 expert (``pair_scores(previous_layer, layer)[e, e']``: from per-token routing, how many tokens
 chose e then e'; without it, the product of the two layers' shares), so a token's path tends to
 stay on the environments it has already warmed.
+
+**Within a layer** (:func:`pack_within_layer`): a function hosting ``per_function`` experts of one
+layer takes all of their rows of a step in one bundled invoke (``contracts/payload.py``): one
+invoke overhead, one request charge and one environment instead of ``per_function``, for compute
+that runs the experts one after another in that environment. Which experts share: those the same
+tokens choose together (``coactivation(layer)[e, e']``: tokens that chose both, from per-token
+routing; without it, the product of their shares), greedily from the most loaded expert, so a
+token's ``top_k`` experts tend to travel in fewer invokes.
 """
 
 from __future__ import annotations
@@ -28,6 +36,32 @@ from moeless.contracts.plan import FunctionSpec, Placement, Plan
 from moeless.errors import PlanError
 
 MAX_FUNCTION_MB = 10_240
+
+
+Slice = tuple[int, int, int]  # (expert, first row, end row) of one layer's input for that expert
+
+
+def bundle_slices(slices: list[Slice], max_rows: int) -> list[list[Slice]]:
+    """The invokes of one function for one layer: its slices grouped into bundles.
+
+    A bundle holds at most one slice per expert (an expert's slices are meant to run concurrently,
+    on as many environments) and at most ``max_rows`` rows (the payload limit). Each slice goes to
+    the first bundle that has room, so an expert's k-th slice usually shares the k-th invoke:
+    ``[(0, 0, 5), (0, 5, 9), (1, 0, 3)] -> [[(0, 0, 5), (1, 0, 3)], [(0, 5, 9)]]``.
+    """
+    bundles: list[list[Slice]] = []
+    sizes: list[int] = []
+    for piece in slices:
+        expert, start, end = piece
+        for index, bundle in enumerate(bundles):
+            if sizes[index] + end - start <= max_rows and all(e != expert for e, _, _ in bundle):
+                bundle.append(piece)
+                sizes[index] += end - start
+                break
+        else:
+            bundles.append([piece])
+            sizes.append(end - start)
+    return bundles
 
 
 def chains(
@@ -89,6 +123,67 @@ def pack_across_layers(
         name = f"moeless-l{group[0][0]:03d}-g{index:04d}"
         functions.append(FunctionSpec(name, list(group), memory))
         host |= dict.fromkeys(group, (name, memory))
+    placements = [
+        replace(p, function=host[(p.layer, p.expert)][0], memory_mb=host[(p.layer, p.expert)][1], workers=[])
+        if (p.layer, p.expert) in host
+        else p
+        for p in plan.experts
+    ]
+    return replace(plan, experts=placements, functions=functions)
+
+
+def layer_groups(
+    experts: list[int], per_function: int, coactivation: np.ndarray, load: np.ndarray
+) -> list[list[int]]:
+    """``experts`` of one layer in groups of at most ``per_function``: each group starts from the
+    most loaded expert left and adds, one at a time, the expert most co-activated with its members."""
+    left = sorted(experts, key=lambda e: (-float(load[e]), e))
+    groups: list[list[int]] = []
+    while left:
+        group = [left.pop(0)]
+        while left and len(group) < per_function:
+            best = max(left, key=lambda e: (sum(float(coactivation[m, e]) for m in group), -left.index(e)))
+            group.append(best)
+            left.remove(best)
+        groups.append(sorted(group))
+    return groups
+
+
+def pack_within_layer(
+    plan: Plan,
+    per_function: int,
+    coactivation: Callable[[int], np.ndarray],
+    load: Callable[[int], np.ndarray],
+    memory_for: Callable[[int], int],
+) -> Plan:
+    """``plan`` with its function-hosted experts regrouped ``per_function`` experts of one layer to
+    a function (``coactivation(layer)``: ``[E, E]``; ``load(layer)``: ``[E]``, tokens or shares).
+
+    An expert keeps its replicas: concurrent environments of the grouped function, each invoke of
+    which carries one slice of every member's rows. Experts on the backbone stay there.
+
+    Raises:
+        PlanError: a group would not fit one Lambda function.
+    """
+    if per_function <= 1:
+        return plan
+    on_functions = [p for p in plan.experts if p.placement == Placement.FUNCTION]
+    experts: dict[int, list[int]] = {}
+    for placement in on_functions:
+        experts.setdefault(placement.layer, []).append(placement.expert)
+    memory = memory_for(per_function)
+    if memory > MAX_FUNCTION_MB:
+        raise PlanError(f"{per_function} experts need {memory} MB, over Lambda's {MAX_FUNCTION_MB} MB")
+    functions: list[FunctionSpec] = []
+    host: dict[tuple[int, int], tuple[str, int]] = {}
+    for layer in sorted(experts):
+        for index, group in enumerate(
+            layer_groups(experts[layer], per_function, coactivation(layer), load(layer))
+        ):
+            name = f"moeless-l{layer:03d}-b{index:04d}"
+            size = memory_for(len(group))
+            functions.append(FunctionSpec(name, [(layer, e) for e in group], size))
+            host |= dict.fromkeys(((layer, e) for e in group), (name, size))
     placements = [
         replace(p, function=host[(p.layer, p.expert)][0], memory_mb=host[(p.layer, p.expert)][1], workers=[])
         if (p.layer, p.expert) in host

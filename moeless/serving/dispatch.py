@@ -4,15 +4,18 @@ For each needed expert of a layer, the dispatcher splits its token rows over its
 (:meth:`~moeless.contracts.plan.Plan.invoke_targets`: concurrent environments of the functions
 hosting it; join-the-shortest-queue on tokens in flight), invokes them all concurrently
 through boto3 ``lambda.invoke`` (AWS, or the local host), and reassembles the outputs in token
-order. An invoke that errors, times out or is throttled is retried with backoff on the next
-replica; when every attempt fails, onnxruntime runs the expert in-process from the artifacts, so
-no request fails because one function did. Experts the plan keeps on the backbone always run
-in-process.
+order. Slices of several experts bound for one function (one hosting several experts of the
+layer) travel as one bundled invoke (:func:`~moeless.planning.packing.bundle_slices`), so that
+function pays one invoke's overhead for all of them. An invoke that errors, times out or is
+throttled is retried with backoff on the next function hosting its experts; when every attempt
+fails, onnxruntime runs the experts in-process from the artifacts, so no request fails because
+one function did. Experts the plan keeps on the backbone always run in-process.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 import json
 import threading
 import time
@@ -24,10 +27,17 @@ import numpy as np
 
 from moeless.contracts.environment import ALIAS, IDLE_TIMEOUT_S
 from moeless.contracts.manifest import Manifest
-from moeless.contracts.payload import decode_matrix, encode_request, max_tokens_per_request, payload_json
+from moeless.contracts.payload import (
+    decode_matrix,
+    encode_bundle,
+    encode_request,
+    max_tokens_per_request,
+    payload_json,
+)
 from moeless.contracts.plan import Placement, Plan
 from moeless.experts.runtime import OnnxExpertPool
 from moeless.planning.concurrency import LevelClock, LevelDemand
+from moeless.planning.packing import Slice, bundle_slices
 from moeless.serving.replanner import RollingLoads
 from moeless.serving.stats import ServingStats
 
@@ -109,22 +119,26 @@ class LambdaDispatcher:
         started = time.perf_counter()
         if self.observed is not None:
             self.observed.add(layer, {expert: len(rows) for expert, rows in inputs.items()})
-        pieces: dict[int, list[tuple[int, Future[np.ndarray]]]] = {}
+        # expert -> (first row, invoke, index of the slice in the invoke's outputs)
+        parts: dict[int, list[tuple[int, Future[list[np.ndarray]], int]]] = {e: [] for e in inputs}
+        slices: dict[str, list[Slice]] = {}  # function -> the expert slices it gets this layer
         for expert, rows in inputs.items():
             names = self.replicas.get((layer, expert), [])
             if (layer, expert) in self.on_backbone or not names:
-                pieces[expert] = [(0, self._pool.submit(self._run_local, layer, expert, rows))]
+                parts[expert].append((0, self._pool.submit(self._run_local, layer, [(expert, rows)]), 0))
                 continue
-            pieces[expert] = [
-                (
-                    start,
-                    self._pool.submit(self._invoke_with_retries, layer, expert, rows[start:end], names, name),
-                )
-                for name, start, end in self._assign(names, len(rows))
-            ]
+            for name, start, end in self._assign(names, len(rows)):
+                slices.setdefault(name, []).append((expert, start, end))
+        for name, assigned in slices.items():
+            for bundle in bundle_slices(assigned, self.max_rows):
+                future = self._pool.submit(self._invoke_with_retries, layer, bundle, inputs, name)
+                for index, (expert, start, _) in enumerate(bundle):
+                    parts[expert].append((start, future, index))
         outputs = {
-            expert: np.concatenate([future.result() for _, future in sorted(parts, key=lambda p: p[0])])
-            for expert, parts in pieces.items()
+            expert: np.concatenate(
+                [future.result()[index] for _, future, index in sorted(pieces, key=lambda p: p[0])]
+            )
+            for expert, pieces in parts.items()
         }
         self.stats.observe_dispatch(layer, time.perf_counter() - started)
         return outputs
@@ -169,13 +183,22 @@ class LambdaDispatcher:
         if isinstance(body, dict) and body.get("init_ms", 0) > 0:
             self.stats.inc("prewarm_cold_starts")
 
-    def _run_local(self, layer: int, expert: int, rows: np.ndarray) -> np.ndarray:
-        return self.local.run(layer, {expert: rows})[expert]
+    def _run_local(self, layer: int, inputs: list[tuple[int, np.ndarray]]) -> list[np.ndarray]:
+        outputs = self.local.run(layer, dict(inputs))
+        return [outputs[expert] for expert, _ in inputs]
 
     def _invoke_with_retries(
-        self, layer: int, expert: int, rows: np.ndarray, names: list[str], first: str
-    ) -> np.ndarray:
-        hosts = list(dict.fromkeys(names))  # a retry goes to the next function hosting the expert
+        self, layer: int, bundle: list[Slice], inputs: dict[int, np.ndarray], first: str
+    ) -> list[np.ndarray]:
+        """One bundle's outputs, in its order: invoked on ``first``, retried on the next function
+        hosting all of its experts, else run in-process."""
+        rows = [(expert, inputs[expert][start:end]) for expert, start, end in bundle]
+        hosting = [set(self.replicas[(layer, expert)]) for expert, _, _ in bundle]
+        hosts = [
+            name
+            for name in dict.fromkeys(self.replicas[(layer, bundle[0][0])])
+            if all(name in h for h in hosting)
+        ]
         order = hosts[hosts.index(first) :] + hosts[: hosts.index(first)]
         try:
             for attempt in range(self.attempts):
@@ -183,19 +206,19 @@ class LambdaDispatcher:
                     self.stats.inc("retries")
                     time.sleep(self.backoff_s * 2 ** (attempt - 1))
                 try:
-                    return self._invoke(order[attempt % len(order)], layer, expert, rows)
+                    return self._invoke(order[attempt % len(order)], layer, rows)
                 except InvokeFailure:
                     self.stats.inc("invoke_failures")
         finally:
             with self._lock:
-                self._in_flight[first] -= len(rows)
+                self._in_flight[first] -= sum(end - start for _, start, end in bundle)
         self.stats.inc("fallbacks")
-        return self._run_local(layer, expert, rows)
+        return self._run_local(layer, rows)
 
-    def _invoke(self, function: str, layer: int, expert: int, rows: np.ndarray) -> np.ndarray:
+    def _invoke(self, function: str, layer: int, rows: list[tuple[int, np.ndarray]]) -> list[np.ndarray]:
         from botocore.exceptions import BotoCoreError, ClientError
 
-        payload = payload_json(encode_request(layer, expert, rows))
+        payload = payload_json(encode_bundle(layer, rows))
         kwargs = {"Qualifier": self.qualifier} if self.qualifier else {}
         warming = self.warming.get(function)
         if warming is not None and not warming.is_set():
@@ -231,7 +254,9 @@ class LambdaDispatcher:
         except ValueError as exc:
             self.stats.inc("invoke_errors")
             raise InvokeFailure(f"{function}: bad reply: {exc}") from exc
-        if output.shape != rows.shape:
+        expected = (sum(len(part) for _, part in rows), self.hidden_size)
+        if output.shape != expected:
             self.stats.inc("invoke_errors")
-            raise InvokeFailure(f"{function}: reply shape {output.shape} != {rows.shape}")
-        return output
+            raise InvokeFailure(f"{function}: reply shape {output.shape} != {expected}")
+        bounds = np.cumsum([0, *(len(part) for _, part in rows)])
+        return [output[start:end] for start, end in itertools.pairwise(bounds)]

@@ -6,8 +6,10 @@ runs **continuous batching** in steps. At a step boundary waiting requests join,
 decode one token each; a prefilled sequence produced its first token and decodes from the next
 step. A step crosses every MoE layer of the model in turn; at each, the step's tokens of all its
 sequences are routed (:mod:`moeless.simulation.routing`), and each needed expert's tokens are split
-evenly over its replicas and cut into payload-sized pieces, each piece one invoke (what the
-dispatcher does). Each piece is served where the policy put it:
+evenly over its replicas and cut into payload-sized pieces, each piece one invoke, except that
+pieces of several experts bound for one function travel in one bundled invoke (what the dispatcher
+does: :func:`~moeless.planning.packing.bundle_slices`). Each invoke is served where the policy put
+its experts:
 
 * a **function** replica: an idle instance of that function (warm), else a pre-warmed one still
   initialising, else a new one after a cold start; an instance serves one invoke at a time and
@@ -50,6 +52,7 @@ from moeless.contracts.payload import max_tokens_per_request
 from moeless.contracts.plan import Placement, Plan
 from moeless.planning.concurrency import ForecastReplanner, LevelClock, LevelDemand, Warmth, with_concurrency
 from moeless.planning.cost_model import CostModel, ExpertShape
+from moeless.planning.packing import Slice, bundle_slices
 from moeless.simulation.roofline import Hardware
 from moeless.simulation.routing import StepRouting
 
@@ -617,6 +620,7 @@ class Simulator:
         # the machine's momentary load scales the layer's invoke overheads (lognormal, 0: none)
         spread = self.model.invoke_spread
         factor = float(np.exp(self._spread_rng.normal(0.0, spread))) if spread > 0 else 1.0
+        slices: dict[str, list[Slice]] = {}  # function -> (expert, 0, rows) of this layer, in order
         for expert in needed:
             tokens = int(row[expert])
             placement = self.placement[(layer, int(expert))]
@@ -630,14 +634,17 @@ class Simulator:
                 share = tokens // replicas + (1 if k < tokens % replicas else 0)
                 for offset in range(0, share, self.max_rows):
                     piece = min(self.max_rows, share - offset)
-                    delay_ms = issued * self.model.invoke_serial_ms * factor
-                    issued += 1
-                    latency = delay_ms + self._invoke(
-                        now + delay_ms / 1e3, names[k], piece, result, usd, factor
-                    )
-                    slowest = max(slowest, latency)
+                    slices.setdefault(names[k], []).append((int(expert), 0, piece))
                     if self.timeline:
                         result.pieces.append((now, f"{layer}/{expert}/{k}", piece))
+        for name, assigned in slices.items():
+            for bundle in bundle_slices(assigned, self.max_rows):
+                delay_ms = issued * self.model.invoke_serial_ms * factor
+                issued += 1
+                latency = delay_ms + self._invoke(
+                    now + delay_ms / 1e3, name, [rows for _, _, rows in bundle], result, usd, factor
+                )
+                slowest = max(slowest, latency)
         return max(slowest, self._gpu_experts_ms(resident, resident_selections))
 
     def _prewarm(
@@ -686,26 +693,25 @@ class Simulator:
         self,
         now: float,
         name: str,
-        tokens: int,
+        bundle: list[int],
         result: PolicyResult,
         usd: dict[str, float],
         overhead_factor: float = 1.0,
     ) -> float:
-        """One invoke of ``tokens`` rows on function ``name`` at ``now``; returns its latency, ms
-        (``overhead_factor`` scales its overhead and transfer: the machine's momentary load)."""
+        """One invoke on function ``name`` at ``now`` carrying ``bundle[i]`` rows for each of its
+        experts (one, or several of one layer, computed one after another); returns its latency,
+        ms (``overhead_factor`` scales its overhead and transfer: the machine's momentary load)."""
         function = self.functions[name]
         size = self.size
+        vcpus = self.model.vcpus(function.memory_mb)
         compute = (
-            self.model.expert_ms(
-                tokens,
-                size.hidden,
-                size.intermediate,
-                self.model.vcpus(function.memory_mb),
-                size.weight_bytes,
+            sum(
+                self.model.expert_ms(rows, size.hidden, size.intermediate, vcpus, size.weight_bytes)
+                for rows in bundle
             )
             / self.compute_speedup
         )
-        busy_ms = self.model.invoke_ms(tokens, size.hidden) * overhead_factor + compute
+        busy_ms = self.model.invoke_ms(sum(bundle), size.hidden) * overhead_factor + compute
         result.invokes += 1
         usd["requests"] += self.model.prices.per_request
         provisioned = False

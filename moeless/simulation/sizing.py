@@ -22,7 +22,9 @@
    met by a subset of the points, so it never costs less). The points are the cost-latency
    frontier. When none meets the SLO, :class:`SloUnreachable` says so with the best latency reached.
 5. **Packing, memory and replicas** are decisions too: each packing of ``packings`` (experts of
-   consecutive layers per function, default 1 and 4: :mod:`moeless.planning.packing`), each size
+   consecutive layers per function, default 1 and 4: :mod:`moeless.planning.packing`), each
+   grouping of ``groups`` (co-activated experts of one layer per function, each step's rows for
+   them in one bundled invoke; default only 1, as each group size is another family), each size
    in ``memory_options`` (default: the smallest that holds the function's experts, and one vCPU
    more) and each factor of ``replica_scales`` on the planner's replicas (default 1 and 4: more
    replicas split a prefill over more concurrent environments, shortening the step that stalls
@@ -61,13 +63,14 @@ from moeless.planning.concurrency import (
     with_replicas,
 )
 from moeless.planning.cost_model import EXPERT_DTYPES, MEMORY_OPTIONS_MB
-from moeless.planning.packing import pack_across_layers
+from moeless.planning.packing import pack_across_layers, pack_within_layer
 from moeless.simulation.policies import Deployment, plan_for_policy, simulate_policy
 from moeless.simulation.routing import RecordedRouting, StepRouting
 from moeless.simulation.simulator import PolicyResult, PrewarmModel, Request
 
 DEFAULT_REPLICA_SCALES = (1, 4)
 DEFAULT_PACKINGS = (1, 4)  # experts of consecutive layers per function
+DEFAULT_GROUPS = (1,)  # experts of one layer per function (bundled invokes); more only when asked
 
 # $ per cold start on the request path: 0, 1e-5 .. 10 in quarter decades, and infinity
 PRICE_GRID: tuple[float, ...] = (0.0, *(10 ** (k / 4) for k in range(-20, 5)), math.inf)
@@ -104,6 +107,7 @@ class FrontierPoint:
     replica_scale: int = 1
     packing: int = 1  # experts of consecutive layers per function
     expert_dtype: str = "fp32"
+    group: int = 1  # experts of one layer per function, one bundled invoke
 
     @property
     def usd_per_1k(self) -> float:
@@ -125,6 +129,7 @@ class FrontierPoint:
             "memory_mb": self.memory_mb,
             "replica_scale": self.replica_scale,
             "packing": self.packing,
+            "group": self.group,
             "expert_dtype": self.expert_dtype,
             "usd_per_cold_start": self.usd_per_cold_start,
             "provisioned": self.provisioned,
@@ -217,6 +222,32 @@ def pair_scores(routing: StepRouting, loads: Loads) -> Callable[[int, int], np.n
     return sampled
 
 
+def layer_coactivation(routing: StepRouting, loads: Loads) -> Callable[[int], np.ndarray]:
+    """Co-activation of one layer's experts, ``[E, E]``: tokens that chose both (a recorded
+    routing's decode tokens), else the product of their shares in ``loads``."""
+    index = {layer: i for i, layer in enumerate(routing.layers)}
+    if isinstance(routing, RecordedRouting):
+        rows = [r for r in routing.decode_rows if len(r)]
+        chosen = routing.chosen
+
+        @functools.cache
+        def recorded(layer: int) -> np.ndarray:
+            counts = np.zeros((routing.num_experts, routing.num_experts))
+            for r in rows:
+                picked = r[:, chosen[index[layer]]]
+                for i, j in itertools.permutations(range(picked.shape[1]), 2):
+                    np.add.at(counts, (picked[:, i], picked[:, j]), 1.0)
+            return counts
+
+        return recorded
+
+    def sampled(layer: int) -> np.ndarray:
+        share = shares(loads.layers[layer])
+        return np.outer(share, share)
+
+    return sampled
+
+
 def default_memory_options(deployment: Deployment) -> list[int]:
     """The smallest full-vCPU size that holds one expert, and the next one up."""
     smallest = deployment.model.function_memory_mb(deployment.expert_size().weight_bytes)
@@ -235,6 +266,7 @@ def size_for_slo(
     memory_options: list[int] | None = None,
     replica_scales: list[int] | None = None,
     packings: list[int] | None = None,
+    groups: list[int] | None = None,
     expert_dtypes: list[str] | None = None,
     keep_warm: bool = True,
     replan_s: float | None = None,
@@ -255,6 +287,7 @@ def size_for_slo(
     floors = []
     loads = routing.loads()
     scores = pair_scores(routing, loads)
+    together = layer_coactivation(routing, loads)
     for variant in variants.values():
         memories = memory_options or default_memory_options(variant)
         floors += [lambda_floor_ms(variant, m) for m in memories]
@@ -275,18 +308,22 @@ def size_for_slo(
             )
 
         base = with_concurrency(plan_for_policy(policy, loads, variant), {})
+        memory_for = functools.partial(_memory_for, variant)
         packed_by = {
-            n: pack_across_layers(base, n, scores, functools.partial(_memory_for, variant))
-            for n in packings or DEFAULT_PACKINGS
+            (n, 1): pack_across_layers(base, n, scores, memory_for) for n in packings or DEFAULT_PACKINGS
+        } | {
+            (1, g): pack_within_layer(base, g, together, lambda layer: loads.layers[layer], memory_for)
+            for g in groups or DEFAULT_GROUPS
+            if g > 1
         }
         shapes = itertools.product(packed_by, memories, replica_scales or DEFAULT_REPLICA_SCALES)
         seen = set()
-        for per_function, memory_option, scale in shapes:
-            packed = packed_by[per_function]
+        for (per_function, group), memory_option, scale in shapes:
+            packed = packed_by[(per_function, group)]
             memory = max(memory_option, max((f.memory_mb for f in packed.functions), default=memory_option))
-            if (per_function, memory, scale) in seen:  # a packing that needs more memory than the option
+            if (per_function, group, memory, scale) in seen:  # a packing that needs more memory
                 continue
-            seen.add((per_function, memory, scale))
+            seen.add((per_function, group, memory, scale))
             ping_usd = _ping_usd(variant, memory, duration_s) if keep_warm else None
             replan = None
             if replan_s:
@@ -299,7 +336,7 @@ def size_for_slo(
                     "down_after": 3,
                 }
             plan = with_replicas(with_memory(packed, memory), scale)
-            family = _Family(plan, memory, duration_s, run, ping_usd, scale, replan, per_function)
+            family = _Family(plan, memory, duration_s, run, ping_usd, scale, replan, per_function, group)
             for price in PRICE_GRID:
                 family.point(price)
             for point in family.points:
@@ -333,9 +370,10 @@ class _Family:
         replica_scale: int = 1,
         replan: dict[str, Any] | None = None,
         packing: int = 1,
+        group: int = 1,
     ) -> None:
         self.plan, self.memory_mb, self.span_s, self.run = plan, memory_mb, span_s, run
-        self.replica_scale, self.packing = replica_scale, packing
+        self.replica_scale, self.packing, self.group = replica_scale, packing, group
         self.replan = replan
         self.ping_usd = ping_usd
         self.probe = run(plan)  # nothing provisioned: what each function's demand is measured on
@@ -357,7 +395,13 @@ class _Family:
             warm = any(p or k for p, k in counts) or self.replan is not None
             self._summaries[key] = self.run(sized).summary() if warm else self.probe.summary()
         found = FrontierPoint(
-            self.memory_mb, price, sized, self._summaries[key], self.replica_scale, self.packing
+            self.memory_mb,
+            price,
+            sized,
+            self._summaries[key],
+            self.replica_scale,
+            self.packing,
+            group=self.group,
         )
         self.points.append(found)
         return found
@@ -377,6 +421,7 @@ def _annotated(chosen: FrontierPoint, sizing: Sizing, deployment: Deployment) ->
             "memory_mb": chosen.memory_mb,
             "replica_scale": chosen.replica_scale,
             "packing": chosen.packing,
+            "group": chosen.group,
             "lambda_floor_tpot_ms": sizing.floor_ms,
             "planned": {
                 key: summary[key]

@@ -19,6 +19,7 @@ from moeless.contracts.manifest import load_manifest
 from moeless.contracts.payload import (
     MAX_PAYLOAD_BYTES,
     decode_matrix,
+    encode_bundle,
     encode_request,
     max_tokens_per_request,
     payload_json,
@@ -102,6 +103,21 @@ def test_bad_payloads_get_a_named_error_and_the_instance_keeps_serving(artifacts
         and lines[0]["type"] == case["type"]
     )
     assert lines[1]["cold_start"] is True and lines[1]["request_id"] == "good-1"
+
+
+def test_a_bundle_runs_each_expert_on_its_own_rows_in_one_invoke(artifacts):
+    # GIVEN a function hosting three experts of layer 1 and rows for two of them, out of id order
+    function = ExpertFunction(str(artifacts), [(1, 2), (1, 5), (1, 7)], threads=1, log_stream=io.StringIO())
+    x = np.random.default_rng(1).standard_normal((5, 64), dtype=np.float32)
+    # WHEN one request carries expert 5's three rows, then expert 2's two
+    reply = function.invoke(encode_bundle(1, [(5, x[:3]), (2, x[3:])]))
+    # THEN the reply holds each expert's output on its own rows, in the request's order
+    output = decode_matrix(reply)
+    assert output.shape == (5, 64)
+    np.testing.assert_allclose(output[:3], _direct(artifacts, 1, 5, x[:3]), rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(output[3:], _direct(artifacts, 1, 2, x[3:]), rtol=1e-6, atol=1e-6)
+    # and a bundle of one is the plain one-expert request
+    assert encode_bundle(1, [(7, x)]) == encode_request(1, 7, x)
 
 
 def test_over_size_payload_is_refused():

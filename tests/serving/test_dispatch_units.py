@@ -95,3 +95,98 @@ def test_sampling_and_stop_holdback():
     assert {sample_token(logits, tiny_nucleus, generator) for _ in range(20)} == {1}
     assert stop_holdback("hello wor", ("world",)) == 3
     assert stop_holdback("hello", ("xyz",)) == 0
+
+
+def test_bundle_slices_puts_one_slice_per_expert_in_each_invoke_within_the_row_limit():
+    from moeless.planning.packing import bundle_slices
+
+    assert bundle_slices([(0, 0, 5), (0, 5, 9), (1, 0, 3)], 100) == [[(0, 0, 5), (1, 0, 3)], [(0, 5, 9)]]
+    assert bundle_slices([(0, 0, 6), (1, 0, 6), (2, 0, 3)], 10) == [[(0, 0, 6), (2, 0, 3)], [(1, 0, 6)]]
+    assert bundle_slices([], 10) == []
+
+
+class RecordingLambda:
+    """A boto3 ``lambda`` client stand-in: the functions run in-process; every invoke is recorded
+    as (function, layer, experts); ``failing`` functions answer a function error."""
+
+    def __init__(self, artifacts, failing: set[str] = frozenset()) -> None:
+        import io
+
+        from moeless.experts.function import ExpertFunction
+
+        self.function = ExpertFunction(str(artifacts), None, threads=1, log_stream=io.StringIO())
+        self.failing = failing
+        self.calls: list[tuple[str, int, list[int]]] = []
+        self.lock = threading.Lock()
+
+    def invoke(self, FunctionName, Payload, **_):
+        import io
+        import json
+
+        from moeless.contracts.payload import payload_json
+
+        event = json.loads(Payload)
+        with self.lock:
+            self.calls.append((FunctionName, event["layer"], event.get("experts", [event.get("expert")])))
+        if FunctionName in self.failing:
+            return {"FunctionError": "Unhandled", "Payload": io.BytesIO(b'{"errorMessage": "boom"}')}
+        return {"Payload": io.BytesIO(payload_json(self.function.invoke(event)))}
+
+
+def _grouped_dispatcher(artifacts, failing=frozenset(), per_function=4):
+    from moeless.contracts.manifest import load_manifest
+    from moeless.contracts.plan import one_function_per_expert
+    from moeless.planning.packing import pack_within_layer
+    from moeless.serving.dispatch import LambdaDispatcher
+
+    manifest = load_manifest(artifacts)
+    n = manifest.num_experts
+    plan = pack_within_layer(
+        one_function_per_expert(manifest),
+        per_function,
+        lambda _: np.eye(n),
+        lambda _: np.ones(n),
+        lambda _: 1769,
+    )
+    client = RecordingLambda(artifacts, failing)
+    return LambdaDispatcher(artifacts, manifest, plan, client, qualifier=None, backoff_s=0.0), client, plan
+
+
+def test_experts_sharing_a_function_travel_in_one_invoke_and_come_back_in_token_order(tiny):
+    from moeless.experts.runtime import OnnxExpertPool
+
+    artifacts = tiny.package("mixtral")
+    dispatcher, client, plan = _grouped_dispatcher(artifacts)
+    rng = np.random.default_rng(2)
+    inputs = {
+        e: rng.standard_normal((n, 64), dtype=np.float32) for e, n in {0: 3, 1: 1, 5: 4, 6: 2, 7: 5}.items()
+    }
+    try:
+        outputs = dispatcher.run(1, inputs)
+    finally:
+        dispatcher.close()
+    expected = OnnxExpertPool(artifacts).run(1, inputs)
+    for expert, rows in expected.items():
+        np.testing.assert_allclose(outputs[expert], rows, rtol=1e-6, atol=1e-6)
+    hosts = {f.name: {e for _, e in f.experts} for f in plan.functions if f.experts[0][0] == 1}
+    used = {name for name, _, _ in client.calls}
+    assert len(client.calls) == len(used) == sum(1 for h in hosts.values() if h & set(inputs))
+    for name, layer, experts in client.calls:  # one invoke per function, carrying all its experts
+        assert layer == 1 and set(experts) == hosts[name] & set(inputs)
+
+
+def test_a_failing_bundle_is_retried_then_its_experts_run_in_process(tiny):
+    from moeless.experts.runtime import OnnxExpertPool
+
+    artifacts = tiny.package("mixtral")
+    dispatcher, client, _ = _grouped_dispatcher(artifacts, failing={"moeless-l000-b0000"})
+    inputs = {e: np.full((2, 64), e + 1.0, np.float32) for e in range(8)}
+    try:
+        outputs = dispatcher.run(0, inputs)
+    finally:
+        dispatcher.close()
+    expected = OnnxExpertPool(artifacts).run(0, inputs)
+    for expert, rows in expected.items():
+        np.testing.assert_allclose(outputs[expert], rows, rtol=1e-6, atol=1e-6)
+    failed = [c for c in client.calls if c[0] == "moeless-l000-b0000"]
+    assert len(failed) == dispatcher.attempts and dispatcher.stats.get("fallbacks") == 1

@@ -319,6 +319,28 @@ def test_experts_placed_on_the_backbone_are_never_invoked(mixtral, tmp_path):
         assert host.meter.snapshot()["totals"]["requests"] == backbone.stats.get("invokes")
 
 
+def test_a_plan_packing_each_layers_experts_in_one_function_gives_the_same_tokens(mixtral, tmp_path):
+    import numpy as np
+
+    from moeless.planning.packing import pack_within_layer
+
+    model_dir, artifacts = mixtral
+    manifest = load_manifest(artifacts)
+    n = manifest.num_experts
+    plan = pack_within_layer(
+        one_function_per_expert(manifest), n, lambda _: np.ones((n, n)), lambda _: np.ones(n), lambda _: 1769
+    )
+    plan.save(tmp_path / "plan.json")
+    expected = reference_ids(model_dir, PROMPTS[:4], 8)
+    with serving(artifacts, plan_path=tmp_path / "plan.json") as (_, backbone, host):
+        assert engine_ids(backbone, PROMPTS[:4], 8) == expected
+        assert backbone.stats.get("fallbacks") == 0 and backbone.stats.get("invoke_errors") == 0
+        assert sorted(host.pools) == sorted(f.name for f in plan.functions)
+        steps = backbone.stats.get("invokes") / len(manifest.moe_layers)  # one invoke per layer and step
+        assert steps == int(steps) and steps <= 4 * 8
+        assert host.meter.snapshot()["totals"]["requests"] == backbone.stats.get("invokes")
+
+
 def test_backbone_dockerfile_copies_only_what_exists():
     dockerfile = (REPO / "backbone_service" / "Dockerfile").read_text()
     sources = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")]

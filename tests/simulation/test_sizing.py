@@ -25,7 +25,7 @@ from moeless.planning.concurrency import (
     provisioned_for,
     with_concurrency,
 )
-from moeless.simulation.policies import Deployment, simulate_policy
+from moeless.simulation.policies import Deployment, plan_for_policy, simulate_policy
 from moeless.simulation.routing import SampledRouting
 from moeless.simulation.simulator import Request
 from moeless.simulation.sizing import PRICE_GRID, Slo, SloUnreachable, size_for_slo
@@ -385,6 +385,45 @@ def test_a_packed_plan_still_cuts_every_invoke_to_the_payload_limit():
     assert result.pieces and all(rows <= limit for _, _, rows in result.pieces)
     assert any(rows == limit for _, _, rows in result.pieces)  # expert 0 got ~16,000 prefill rows: cut
     assert sum(rows for _, _, rows in result.pieces) == 4 * (40_000 + 1)  # each layer: prefill, 1 token
+
+
+def test_experts_of_a_layer_packed_in_one_function_take_one_invoke_per_step_and_layer():
+    from dataclasses import replace as with_fields
+
+    from moeless.planning.packing import pack_within_layer
+
+    shape = with_fields(one_expert_shape(), num_layers=2, moe_layers=(0, 1))
+    deployment = Deployment.choose(shape)
+    loads = Loads({layer: np.array([4.0, 3, 2, 1]) for layer in range(2)}, {"top_k": 2})
+    routing = SampledRouting.from_loads(loads, 2, [0, 1], 2)
+    replay = [Request(0.0, 64, 6)]
+    base = with_concurrency(plan_for_policy("moeless", loads, deployment), {})
+    apart = simulate_policy("moeless", deployment, routing, replay, 30.0, plan=base, predictors=False)
+    packed = pack_within_layer(base, 4, lambda _: np.ones((4, 4)), lambda _: np.ones(4), lambda n: 1769 * n)
+    together = simulate_policy("moeless", deployment, routing, replay, 30.0, plan=packed, predictors=False)
+    assert {len(f.experts) for f in packed.functions} == {4}
+    # every step, every layer: one invoke carries all its experts; the prefill's rows of an expert
+    # with r replicas go out as r invokes (the r environments), each carrying the others' rows too
+    most = {layer: max(p.replicas for p in base.experts if p.layer == layer) for layer in (0, 1)}
+    assert together.invokes == sum(6 + most[layer] - 1 for layer in (0, 1))
+    assert apart.invokes > together.invokes and apart.cold_starts > together.cold_starts
+    assert sum(r for _, _, r in apart.pieces) == sum(r for _, _, r in together.pieces)  # the same rows
+
+
+def test_grouping_a_layers_experts_is_a_choice_the_optimiser_weighs():
+    deployment = Deployment.choose(one_expert_shape())
+    routing = SampledRouting.from_loads(Loads({0: np.array([4.0, 3, 2, 1])}, {"top_k": 2}), 2, [0], 1)
+    replay = [Request(20.0 * n, 200, 8, n) for n in range(10)]
+    apart = size_for_slo("moeless", deployment, routing, replay, 200.0, Slo(1e9), packings=[1])
+    either = size_for_slo(
+        "moeless", deployment, routing, replay, 200.0, Slo(1e9), packings=[1], groups=[1, 4]
+    )
+    assert {p.group for p in apart.points} == {1} and {p.group for p in either.points} == {1, 4}
+    grouped = [p for p in either.points if p.group == 4]
+    assert all(len(f.experts) == 4 for p in grouped for f in p.plan.functions)
+    assert min(p.summary["invokes"] for p in grouped) < min(p.summary["invokes"] for p in apart.points)
+    assert either.chosen.usd_per_1k <= apart.chosen.usd_per_1k  # more choices never cost more
+    assert either.chosen.plan.params["sizing"]["group"] == either.chosen.group
 
 
 def test_a_cheaper_expert_dtype_is_chosen_only_where_the_user_allows_it():
