@@ -5,13 +5,17 @@ Usage:
     .venv/bin/python benchmarks/serve.py --quick     # 1 and 4 clients, fewer requests
     .venv/bin/python benchmarks/serve.py --device cuda   # the GPU path (both backbones on the GPU)
     .venv/bin/python benchmarks/serve.py --host-process  # the local Lambda host in its own process
+    .venv/bin/python benchmarks/serve.py --plans layer      # only the plan that groups each layer's experts
 
 Model: the demo's tiny Mixtral (4 layers x 8 experts, hidden 128), built once under .moeless/bench/.
 For each number of concurrent clients, in the same run:
   * service: clients stream greedy completions from ``POST /v1/completions`` (uvicorn, real sockets);
     every routed expert runs in an awslambdaric process of the local host, invoked through boto3
     (the host's HTTP servers run in this process, sharing its interpreter lock with the service,
-    unless ``--host-process`` runs them in a ``moeless functions up`` child, as Lambda is remote);
+    unless ``--host-process`` runs them in a ``moeless functions up`` child, as Lambda is remote;
+    on these 2 cores that was not faster: 0.39-0.42 against 0.46 at 16 clients); each plan of
+    ``--plans`` (``expert``: one function per expert; ``layer``: each layer's experts in one
+    function, a step's rows for them in one bundled invoke) is served in turn;
   * baseline: the same continuous-batching engine (batched decode) over the unsplit checkpoint
     in-process (torch experts, no HTTP), driven by the same number of concurrent requests.
 Both backbones run on ``--device`` (``auto``: CUDA when present, else CPU).

@@ -19,7 +19,8 @@ import itertools
 import json
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -119,25 +120,30 @@ class LambdaDispatcher:
         started = time.perf_counter()
         if self.observed is not None:
             self.observed.add(layer, {expert: len(rows) for expert, rows in inputs.items()})
-        # expert -> (first row, invoke, index of the slice in the invoke's outputs)
-        parts: dict[int, list[tuple[int, Future[list[np.ndarray]], int]]] = {e: [] for e in inputs}
+        # expert -> (first row, job, index of the slice in the job's outputs)
+        parts: dict[int, list[tuple[int, int, int]]] = {e: [] for e in inputs}
+        jobs: list[tuple[Callable[..., list[np.ndarray]], tuple[Any, ...]]] = []
         slices: dict[str, list[Slice]] = {}  # function -> the expert slices it gets this layer
         for expert, rows in inputs.items():
             names = self.replicas.get((layer, expert), [])
             if (layer, expert) in self.on_backbone or not names:
-                parts[expert].append((0, self._pool.submit(self._run_local, layer, [(expert, rows)]), 0))
+                parts[expert].append((0, len(jobs), 0))
+                jobs.append((self._run_local, (layer, [(expert, rows)])))
                 continue
             for name, start, end in self._assign(names, len(rows)):
                 slices.setdefault(name, []).append((expert, start, end))
         for name, assigned in slices.items():
             for bundle in bundle_slices(assigned, self.max_rows):
-                future = self._pool.submit(self._invoke_with_retries, layer, bundle, inputs, name)
                 for index, (expert, start, _) in enumerate(bundle):
-                    parts[expert].append((start, future, index))
+                    parts[expert].append((start, len(jobs), index))
+                jobs.append((self._invoke_with_retries, (layer, bundle, inputs, name)))
+        if len(jobs) == 1:  # a layer whose experts share one function: no hand-off to a thread
+            results = [jobs[0][0](*jobs[0][1])]
+        else:
+            futures = [self._pool.submit(job, *args) for job, args in jobs]
+            results = [future.result() for future in futures]
         outputs = {
-            expert: np.concatenate(
-                [future.result()[index] for _, future, index in sorted(pieces, key=lambda p: p[0])]
-            )
+            expert: np.concatenate([results[job][index] for _, job, index in sorted(pieces)])
             for expert, pieces in parts.items()
         }
         self.stats.observe_dispatch(layer, time.perf_counter() - started)
