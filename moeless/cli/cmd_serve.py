@@ -79,6 +79,14 @@ if TYPE_CHECKING:
     help="With --predictor-trace: kernel-weighted neighbours (best measured) or Remoe's SPS.",
 )
 @click.option(
+    "--token-predictor",
+    type=click.Choice(["crosslayer", "none"]),
+    default="crosslayer",
+    show_default=True,
+    help="With --predictor-trace: also pre-warm what each token's experts so far predict one layer "
+    "ahead (the cross-layer model, fitted on the trace), or not.",
+)
+@click.option(
     "--replan-interval",
     type=click.FloatRange(0),
     default=DEFAULT_REPLAN_INTERVAL_S,
@@ -100,6 +108,7 @@ def serve(
     max_tokens_limit: int,
     predictor_trace: Path | None,
     predictor: str,
+    token_predictor: str,
     replan_interval: float,
     alias: str,
     max_instances: int,
@@ -132,6 +141,7 @@ def serve(
         replan_interval_s=replan_interval,
         predictor_trace=predictor_trace,
         predictor=predictor,
+        token_predictor=token_predictor,
     )
     host = LocalHost(functions_port, alias, max_instances, idle_timeout, timeout, log_dir, task_root)
     serve_until_stopped(config, port, host if local else None, meter_out, quiet)

@@ -51,7 +51,11 @@ def _dispatched_experts_class() -> type:
             rows = hidden_states.detach().to(torch.float32).cpu().numpy()
             groups = torch.split(torch.arange(len(experts)), counts.tolist())
             inputs = {int(e): rows[token_idx[g].numpy()] for e, g in zip(ids.tolist(), groups, strict=True)}
-            # 2. Run every needed expert of this layer (a step coalescer also learns whose rows they are).
+            # 2. Run every needed expert of this layer (a step coalescer also learns whose rows they
+            # are, and a token-level pre-warmer what each token chose).
+            observe = getattr(self.executor, "observe_routing", None)
+            if observe is not None:
+                observe(self.layer, top_k_index.numpy(), top_k_weights.float().numpy())
             record = getattr(self.executor, "record_tokens", None)
             if record is not None:
                 record(

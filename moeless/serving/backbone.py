@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -25,6 +25,9 @@ from moeless.serving.generation import GenerationEngine, PrewarmHook
 from moeless.serving.keep_warm import KeepWarm
 from moeless.serving.replanner import CombinedLoads, Replanner, RollingLoads
 from moeless.serving.stats import ServingStats
+
+if TYPE_CHECKING:
+    from moeless.serving.prewarm import CrossLayerPrewarmer
 
 DEFAULT_MAX_TOKENS_LIMIT = 1024
 
@@ -52,6 +55,9 @@ class BackboneConfig:
             each request's predicted functions (``None``: no pre-warming).
         predictor: which prompt-level predictor learns from ``predictor_trace``: ``kernel``
             (kernel-weighted neighbours, the best measured: docs/predictors.md) or ``sps`` (Remoe's).
+        token_predictor: with ``predictor_trace``, the token-level pre-warmer fitted on it:
+            ``crosslayer`` (each token's experts one layer ahead from those it chose: the best
+            measured, docs/predictors.md) or ``none``.
         prewarm_idle_s: a function not invoked for this long is presumed cold.
         function_prefix: the deployed functions' name prefix (``moeless-STAGE-`` on AWS; see
             :meth:`moeless.contracts.plan.Plan.prefixed`); empty: the plan's names as they are.
@@ -72,6 +78,7 @@ class BackboneConfig:
     replan_interval_s: float = DEFAULT_REPLAN_INTERVAL_S
     predictor_trace: Path | None = None
     predictor: str = "kernel"
+    token_predictor: str = "crosslayer"
     prewarm_idle_s: float = 240.0
     function_prefix: str = ""
 
@@ -116,6 +123,8 @@ class Backbone:
         self.coalescer = StepCoalescer(self.dispatcher)
         self.predicted_loads = RollingLoads(self.manifest.num_experts)
         self.prewarmer = prewarm or self._prewarmer(config)
+        self.token_prewarmer = None if prewarm else self._token_prewarmer(config)
+        self.coalescer.routing_observer = self.token_prewarmer.observe if self.token_prewarmer else None
         self.replanner: Replanner | None = None
         forecaster = ForecastReplanner.from_plan(self.plan)
         if forecaster is not None:  # a sized plan's own re-planner, at its own interval
@@ -189,6 +198,27 @@ class Backbone:
             idle_s=config.prewarm_idle_s,
             predicted=self.predicted_loads,
         )
+
+    def _token_prewarmer(self, config: BackboneConfig) -> CrossLayerPrewarmer | None:
+        """The cross-layer model fitted on the trace's tokens, pre-warming one layer ahead."""
+        from moeless.prediction.crosslayer import CrossLayerModel
+        from moeless.prediction.trace import TraceError, load_trace
+        from moeless.serving.prewarm import CrossLayerPrewarmer, SpsPrewarmer
+
+        if config.token_predictor not in ("crosslayer", "none"):
+            raise TraceError(f"unknown token predictor {config.token_predictor!r}; choose crosslayer or none")
+        layers = list(self.manifest.moe_layers)
+        scheduler = self.prewarmer
+        if config.token_predictor == "none" or not isinstance(scheduler, SpsPrewarmer) or len(layers) < 2:
+            return None
+        assert config.predictor_trace is not None  # an SpsPrewarmer is only made from a trace
+        trace = load_trace(config.predictor_trace)
+        experts = trace.experts.transpose(1, 0, 2).astype(np.int64)  # [T, L, k]
+        weights = trace.weights.transpose(1, 0, 2).astype(np.float32)
+        model = CrossLayerModel(trace.num_experts, self.manifest.top_k).fit(
+            experts, weights, (1,), groups=trace.request
+        )
+        return CrossLayerPrewarmer(model, layers, scheduler.warm_if_cold)
 
     def close(self) -> None:
         if self.replanner is not None:

@@ -18,6 +18,7 @@ backbone (one computes while the others wait at a layer), so they do not oversub
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -50,6 +51,8 @@ class StepCoalescer:
         self._pending: dict[int, list[_Submission]] = {}
         self._local = threading.local()
         self._backbone: threading.Lock | None = None
+        # called with (layer, experts [T, k], weights [T, k]) of each forward's tokens at each layer
+        self.routing_observer: Callable[[int, np.ndarray, np.ndarray], None] | None = None
 
     def share_backbone(self, lock: threading.Lock) -> None:
         """Participants hold ``lock`` while they compute and release it while waiting here."""
@@ -81,6 +84,11 @@ class StepCoalescer:
             for owner in owners:
                 counts = owner.setdefault(layer, {})
                 counts[expert] = counts.get(expert, 0) + 1
+
+    def observe_routing(self, layer: int, experts: np.ndarray, weights: np.ndarray) -> None:
+        """The calling forward's router choices at ``layer`` (``[T, k]``), for the routing observer."""
+        if self.routing_observer is not None:
+            self.routing_observer(layer, experts, weights)
 
     def leave(self) -> None:
         """Called by each participant's thread after its forward, also when it failed."""

@@ -9,6 +9,14 @@ that instance instead of starting a second cold one (Lambda would), so the cold 
 layers overlap instead of coming one layer after the other. The predicted loads are also
 published as rolling rates for the re-planner. SPS learns online from every finished request's
 routing.
+
+:class:`CrossLayerPrewarmer` runs inside a forward, token by token: as the forward's tokens leave
+layer l, the cross-layer model (:class:`~moeless.prediction.crosslayer.CrossLayerModel`, fitted on
+the same trace) predicts each token's experts at layer l+d from the experts it chose at layers
+<= l, and the functions hosting them that are presumed cold get warm-up invokes through the same
+scheduler (the same rate limit, one warm-up in flight per function). A prompt-level prediction
+warms a request's likely experts of every layer before it starts; this one catches what the
+request's tokens actually head for next, a layer's time (or d layers') ahead of the invoke.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from moeless.prediction.crosslayer import CrossLayerModel
 from moeless.prediction.predictors import SimilarPromptSearch, cover_set
 from moeless.prediction.prompt_predictors import KernelNeighbours
 from moeless.serving.replanner import RollingLoads
@@ -77,9 +86,13 @@ class SpsPrewarmer:
                     layer, {e: float(s) * len(prompt_ids) * self.top_k for e, s in enumerate(shares)}
                 )
             for expert in cover_set(shares):
-                for function in self.replicas.get((layer, expert), [])[:1]:
-                    if now - self.last_used.get(function, -1e18) > self.idle_s:
-                        self._schedule(function, layer, expert, now)
+                self.warm_if_cold(layer, int(expert), now)
+
+    def warm_if_cold(self, layer: int, expert: int, now: float) -> None:
+        """Schedule a warm-up of the first function hosting the expert if it idled past ``idle_s``."""
+        for function in self.replicas.get((layer, expert), [])[:1]:
+            if now - self.last_used.get(function, -1e18) > self.idle_s:
+                self._schedule(function, layer, expert, now)
 
     def _schedule(self, function: str, layer: int, expert: int, now: float) -> None:
         with self._lock:
@@ -120,3 +133,51 @@ class SpsPrewarmer:
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+class CrossLayerPrewarmer:
+    """Token-level pre-warming one or more layers ahead (see the module docstring).
+
+    Args:
+        model: a fitted cross-layer model of this model's MoE layers (in ``layers`` order).
+        layers: the model's MoE layer ids, in order.
+        warm_if_cold: ``warm_if_cold(layer, expert, now)``: the scheduler (``SpsPrewarmer``'s).
+        distance: how many layers ahead to predict (the model must have been fitted for it).
+    """
+
+    def __init__(
+        self,
+        model: CrossLayerModel,
+        layers: list[int],
+        warm_if_cold: Callable[[int, int, float], None],
+        distance: int = 1,
+    ) -> None:
+        self.model = model
+        self.layers = layers
+        self.warm_if_cold = warm_if_cold
+        self.distance = distance
+        self.predictions = 0
+        self._index = {layer: i for i, layer in enumerate(layers)}
+        self._local = threading.local()  # each forward runs in its own thread: its tokens' history
+
+    def observe(self, layer: int, experts: np.ndarray, weights: np.ndarray) -> None:
+        """A forward's tokens at ``layer``: ``experts``/``weights`` ``[T, k]`` (the router's top-k)."""
+        index = self._index.get(layer)
+        if index is None:
+            return
+        history: list[tuple[np.ndarray, np.ndarray]] | None = getattr(self._local, "history", None)
+        if index == 0:
+            history = self._local.history = []
+        elif history is None or len(history) != index:  # a forward this hook did not see start
+            self._local.history = None
+            return
+        history.append((np.asarray(experts, np.int64), np.asarray(weights, np.float32)))
+        if (index, self.distance) not in self.model.nets:
+            return
+        chosen = np.stack([e for e, _ in history], axis=1)  # [T, index + 1, k]
+        gates = np.stack([w for _, w in history], axis=1)
+        ahead = np.unique(self.model.predict(index, self.distance, chosen, gates))
+        self.predictions += 1
+        now = time.monotonic()
+        for expert in ahead:
+            self.warm_if_cold(self.layers[index + self.distance], int(expert), now)

@@ -85,3 +85,26 @@ def test_finished_requests_are_learned_online():
     np.testing.assert_allclose(prediction[0], [0, 1, 0, 0])
     hook.after_request("partial", {3: {1: 1}})  # a layer without routing: not learned
     assert len(hook.sps.shares) == 1
+
+
+def test_the_cross_layer_pre_warmer_warms_what_each_tokens_experts_so_far_point_to():
+    from moeless.prediction.crosslayer import CrossLayerModel
+    from moeless.serving.prewarm import CrossLayerPrewarmer
+
+    # GIVEN routing where a token at expert e of layer 3 always goes on to expert (e + 1) % 4 at 5
+    rng = np.random.default_rng(0)
+    first = rng.integers(0, 4, size=(2000, 1))
+    experts = np.stack([first, (first + 1) % 4], axis=1)  # [T, 2 layers, k=1]
+    model = CrossLayerModel(4, 1, hidden_sizes=(0,), epochs=20).fit(experts, np.ones(experts.shape), (1,))
+    warmed: list[tuple[int, int]] = []
+    hook = CrossLayerPrewarmer(model, [3, 5], lambda layer, expert, now: warmed.append((layer, expert)))
+    # WHEN a forward's two tokens leave layer 3 at experts 2 and 0, then reach layer 5
+    hook.observe(3, np.array([[2], [0]]), np.ones((2, 1)))
+    hook.observe(5, np.array([[3], [1]]), np.ones((2, 1)))
+    # THEN layer 5's experts 3 and 1 were warmed once each, and the last layer predicts nothing
+    assert sorted(warmed) == [(5, 1), (5, 3)] and hook.predictions == 1
+    # and a forward seen from its middle (another thread, no layer 3 yet) predicts nothing
+    other = threading.Thread(target=hook.observe, args=(5, np.array([[0]]), np.ones((1, 1))))
+    other.start()
+    other.join()
+    assert len(warmed) == 2

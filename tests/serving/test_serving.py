@@ -341,6 +341,23 @@ def test_a_plan_packing_each_layers_experts_in_one_function_gives_the_same_token
         assert host.meter.snapshot()["totals"]["requests"] == backbone.stats.get("invokes")
 
 
+def test_pre_warming_from_a_trace_runs_at_the_prompt_and_the_token_level_and_keeps_the_tokens(
+    mixtral, tmp_path
+):
+    from moeless.prediction.trace import profile
+
+    model_dir, artifacts = mixtral
+    profile(model_dir, PROMPTS, tmp_path / "trace", max_new_tokens=6, progress=False)
+    expected = reference_ids(model_dir, PROMPTS[:4], 8)
+    options = {"predictor_trace": tmp_path / "trace", "predictor": "sps", "prewarm_idle_s": 0.0}
+    with serving(artifacts, **options) as (_, backbone, _):
+        assert engine_ids(backbone, PROMPTS[:4], 8) == expected
+        assert backbone.token_prewarmer is not None and backbone.token_prewarmer.predictions > 0
+        assert backbone.stats.get("prewarm_invokes") > 0 and backbone.stats.get("fallbacks") == 0
+    with serving(artifacts, **options, token_predictor="none") as (_, backbone, _):
+        assert backbone.token_prewarmer is None and backbone.coalescer.routing_observer is None
+
+
 def test_backbone_dockerfile_copies_only_what_exists():
     dockerfile = (REPO / "backbone_service" / "Dockerfile").read_text()
     sources = [line.split()[1] for line in dockerfile.splitlines() if line.startswith("COPY ")]
