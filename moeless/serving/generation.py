@@ -108,7 +108,10 @@ def sample_token(logits: Any, params: SamplingParams, generator: Any) -> int:
 
     if params.temperature == 0:
         return int(torch.argmax(logits))
-    probs = torch.softmax(logits.float() / params.temperature, dim=-1)
+    # shifted so the largest logit is 0: a tiny temperature sends the others to -inf, never the
+    # softmax to nan (float64, so that 1e-30 still keeps every near-tie apart)
+    scaled = (logits.double() - logits.double().max()) / params.temperature
+    probs = torch.softmax(scaled, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
         outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= params.top_p  # keeps at least one

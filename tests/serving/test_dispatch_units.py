@@ -93,6 +93,8 @@ def test_sampling_and_stop_holdback():
     generator = torch.Generator().manual_seed(0)
     tiny_nucleus = SamplingParams(temperature=1.0, top_p=0.01)
     assert {sample_token(logits, tiny_nucleus, generator) for _ in range(20)} == {1}
+    for tiny in (1e-30, 5e-324):  # found by schemathesis: the softmax of logits / 5e-324 was nan
+        assert sample_token(logits, SamplingParams(temperature=tiny), generator) == 1
     assert stop_holdback("hello wor", ("world",)) == 3
     assert stop_holdback("hello", ("xyz",)) == 0
 
