@@ -114,7 +114,8 @@ def sample_token(logits: Any, params: SamplingParams, generator: Any) -> int:
     probs = torch.softmax(scaled, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = torch.sort(probs, descending=True)
-        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= params.top_p  # keeps at least one
+        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= params.top_p
+        outside[0] = False  # the most likely token stays, however small top_p is
         sorted_probs[outside] = 0.0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
@@ -294,7 +295,13 @@ class GenerationEngine:
                 batch = list(self._active)
             if not batch:  # every active sequence was cancelled
                 continue
-            self._step(batch)
+            try:
+                self._step(batch)
+            except Exception as exc:  # a step that breaks fails its sequences; the engine goes on
+                self._decoding.clear()
+                for sequence in batch:
+                    if not sequence.done.is_set():
+                        self._fail(sequence, f"{type(exc).__name__}: {exc}")
             with self._cond:
                 self._active = [s for s in self._active if not s.done.is_set()]
 
@@ -329,7 +336,10 @@ class GenerationEngine:
                     self._fail(failed, f"{type(exc).__name__}: {exc}")
                 continue
             for done in carried:
-                self._advance(done)
+                try:
+                    self._advance(done)
+                except Exception as exc:  # sampling or decoding one sequence: fail it, not the engine
+                    self._fail(done, f"{type(exc).__name__}: {exc}")
 
     def _prefill(self, sequence: Sequence) -> None:
         """The prompt's forward alone (exactly ``generate``'s), keeping its own cache until it joins."""

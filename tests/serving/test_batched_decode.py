@@ -248,3 +248,37 @@ def test_decode_batch_rebuild_keeps_order_and_drops_leavers():
     assert keys[0, 0, :, 0].tolist() == [1.0, 1.0, 1.0, 0.0] and keys[1, 0, :, 0].tolist() == [0, 0, 3.0, 3.0]
     batch.rebuild([], [])
     assert batch.members == [] and batch.cache is None
+
+
+def test_a_sequence_whose_sampling_breaks_fails_alone_and_the_engine_serves_on(tiny, monkeypatch):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from moeless.serving import generation
+    from moeless.serving.generation import SamplingParams
+
+    # GIVEN sampling that raises for one request's seed (schemathesis once found such a request,
+    # and the engine's thread died with it: every later request hung)
+    real = generation.sample_token
+
+    def sample(logits, params, generator):
+        if params.seed == 13:
+            raise RuntimeError("probability tensor contains either `inf`, `nan` or element < 0")
+        return real(logits, params, generator)
+
+    monkeypatch.setattr(generation, "sample_token", sample)
+    model_dir = tiny.model("mixtral")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    engine = GenerationEngine(model, tokenizer, None, eos_token_ids(model), max_batch=4)
+    try:
+        ids = tokenizer("Serverless")["input_ids"]
+        broken = engine.submit(ids, SamplingParams(4, temperature=1.0, seed=13), lambda e: None)
+        fine = engine.submit(ids, SamplingParams(4, temperature=0.0), lambda e: None)
+        # THEN the broken one fails with the reason, the other finishes beside it, and so do later ones
+        assert broken.done.wait(60) and "RuntimeError" in (broken.error or "")
+        assert fine.done.wait(60) and fine.error is None and fine.generated
+        later = engine.submit(ids, SamplingParams(4, temperature=0.0), lambda e: None)
+        assert later.done.wait(60) and later.error is None and later.generated == fine.generated
+    finally:
+        engine.stop()

@@ -95,6 +95,7 @@ def test_sampling_and_stop_holdback():
     assert {sample_token(logits, tiny_nucleus, generator) for _ in range(20)} == {1}
     for tiny in (1e-30, 5e-324):  # found by schemathesis: the softmax of logits / 5e-324 was nan
         assert sample_token(logits, SamplingParams(temperature=tiny), generator) == 1
+        assert sample_token(logits, SamplingParams(top_p=tiny), generator) == 1  # all were cut
     assert stop_holdback("hello wor", ("world",)) == 3
     assert stop_holdback("hello", ("xyz",)) == 0
 
