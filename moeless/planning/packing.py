@@ -123,6 +123,14 @@ def pack_across_layers(
         name = f"moeless-l{group[0][0]:03d}-g{index:04d}"
         functions.append(FunctionSpec(name, list(group), memory))
         host |= dict.fromkeys(group, (name, memory))
+    return _rehosted(plan, functions, host)
+
+
+def _rehosted(
+    plan: Plan, functions: list[FunctionSpec], host: dict[tuple[int, int], tuple[str, int]]
+) -> Plan:
+    """``plan`` with ``functions`` replacing its own; each expert in ``host`` moves to (function,
+    memory), keeping its replicas; the others (on the backbone) stay as they are."""
     placements = [
         replace(p, function=host[(p.layer, p.expert)][0], memory_mb=host[(p.layer, p.expert)][1], workers=[])
         if (p.layer, p.expert) in host
@@ -184,10 +192,4 @@ def pack_within_layer(
             size = memory_for(len(group))
             functions.append(FunctionSpec(name, [(layer, e) for e in group], size))
             host |= dict.fromkeys(((layer, e) for e in group), (name, size))
-    placements = [
-        replace(p, function=host[(p.layer, p.expert)][0], memory_mb=host[(p.layer, p.expert)][1], workers=[])
-        if (p.layer, p.expert) in host
-        else p
-        for p in plan.experts
-    ]
-    return replace(plan, experts=placements, functions=functions)
+    return _rehosted(plan, functions, host)

@@ -181,7 +181,7 @@ class Backbone:
         if config.predictor not in fitters:
             raise TraceError(f"unknown predictor {config.predictor!r}; choose one of {', '.join(fitters)}")
 
-        trace = load_trace(config.predictor_trace)
+        trace = self._trace = load_trace(config.predictor_trace)
         if trace.layers != list(self.manifest.moe_layers) or trace.num_experts != self.manifest.num_experts:
             raise TraceError(
                 f"{config.predictor_trace} was not recorded from this model's layers and experts"
@@ -202,7 +202,7 @@ class Backbone:
     def _token_prewarmer(self, config: BackboneConfig) -> CrossLayerPrewarmer | None:
         """The cross-layer model fitted on the trace's tokens, pre-warming one layer ahead."""
         from moeless.prediction.crosslayer import CrossLayerModel
-        from moeless.prediction.trace import TraceError, load_trace
+        from moeless.prediction.trace import TraceError
         from moeless.serving.prewarm import CrossLayerPrewarmer, SpsPrewarmer
 
         if config.token_predictor not in ("crosslayer", "none"):
@@ -211,8 +211,7 @@ class Backbone:
         scheduler = self.prewarmer
         if config.token_predictor == "none" or not isinstance(scheduler, SpsPrewarmer) or len(layers) < 2:
             return None
-        assert config.predictor_trace is not None  # an SpsPrewarmer is only made from a trace
-        trace = load_trace(config.predictor_trace)
+        trace = self._trace  # read by _prewarmer, which made the scheduler
         experts = trace.experts.transpose(1, 0, 2).astype(np.int64)  # [T, L, k]
         weights = trace.weights.transpose(1, 0, 2).astype(np.float32)
         model = CrossLayerModel(trace.num_experts, self.manifest.top_k).fit(
