@@ -35,40 +35,41 @@ def _dispatched_experts_class() -> type:
             import torch
 
             # Experts run on CPU (in functions or onnxruntime): route and combine on CPU, then
-            # hand the result back on the backbone's device (a no-op on a CPU backbone).
-            device = hidden_states.device
+            # hand the result back on the backbone's device (a no-op on a CPU backbone). The
+            # grouping is done in numpy: on a decode step's few rows, each torch call's own
+            # overhead would cost more than the work.
+            device, dtype = hidden_states.device, hidden_states.dtype
             hidden_states, top_k_index, top_k_weights = (
-                t.cpu() for t in (hidden_states, top_k_index, top_k_weights)
+                t.detach().cpu() for t in (hidden_states, top_k_index, top_k_weights)
             )
-            # 1. Group token rows by expert: (token, slot) pairs for every chosen expert.
-            token_idx, slot_idx = torch.nonzero(
-                (top_k_index >= 0) & (top_k_index < self.num_experts), as_tuple=True
-            )
-            experts = top_k_index[token_idx, slot_idx]
-            order = torch.argsort(experts, stable=True)
-            token_idx, slot_idx, experts = token_idx[order], slot_idx[order], experts[order]
-            ids, counts = torch.unique_consecutive(experts, return_counts=True)
-            rows = hidden_states.detach().to(torch.float32).cpu().numpy()
-            groups = torch.split(torch.arange(len(experts)), counts.tolist())
-            inputs = {int(e): rows[token_idx[g].numpy()] for e, g in zip(ids.tolist(), groups, strict=True)}
+            chosen = top_k_index.numpy()  # [T, k]
+            k = chosen.shape[1]
+            # 1. Group token rows by expert: (token, slot) pairs sorted by expert, stably.
+            flat = chosen.ravel()
+            valid = np.flatnonzero((flat >= 0) & (flat < self.num_experts))
+            pairs = valid[np.argsort(flat[valid], kind="stable")]
+            tokens = pairs // k
+            ids, starts = np.unique(flat[pairs], return_index=True)
+            bounds = [*starts.tolist(), len(pairs)]
+            groups = [tokens[bounds[i] : bounds[i + 1]] for i in range(len(ids))]
+            rows = hidden_states.to(torch.float32).numpy()
+            inputs = {int(e): rows[g] for e, g in zip(ids.tolist(), groups, strict=True)}
             # 2. Run every needed expert of this layer (a step coalescer also learns whose rows they
             # are, and a token-level pre-warmer what each token chose).
             observe = getattr(self.executor, "observe_routing", None)
             if observe is not None:
-                observe(self.layer, top_k_index.numpy(), top_k_weights.float().numpy())
+                observe(self.layer, chosen, top_k_weights.float().numpy())
             record = getattr(self.executor, "record_tokens", None)
             if record is not None:
-                record(
-                    self.layer,
-                    {int(e): token_idx[g].numpy() for e, g in zip(ids.tolist(), groups, strict=True)},
-                )
+                record(self.layer, dict(zip(ids.tolist(), groups, strict=True)))
             outputs = self.executor.run(self.layer, inputs)
-            # 3. Combine with the routing weights, in expert order as transformers does.
+            # 3. Combine with the routing weights, in expert order as transformers does: one
+            # index_add over the expert-sorted rows adds each token's experts in that order.
             final = torch.zeros_like(hidden_states)
-            for e, g in zip(ids.tolist(), groups, strict=True):
-                out = torch.from_numpy(np.asarray(outputs[int(e)])).to(hidden_states.dtype)
-                weighted = out * top_k_weights[token_idx[g], slot_idx[g], None].to(hidden_states.dtype)
-                final.index_add_(0, token_idx[g], weighted)
+            if len(pairs):
+                out = torch.from_numpy(np.concatenate([np.asarray(outputs[int(e)]) for e in ids])).to(dtype)
+                gates = top_k_weights.reshape(-1)[torch.from_numpy(pairs)].to(dtype)
+                final.index_add_(0, torch.from_numpy(tokens), out * gates[:, None])
             return final.to(device)
 
     return DispatchedExperts
