@@ -13,7 +13,8 @@ For each number of concurrent clients, in the same run:
     every routed expert runs in an awslambdaric process of the local host, invoked through boto3
     (the host's HTTP servers run in this process, sharing its interpreter lock with the service,
     unless ``--host-process`` runs them in a ``moeless functions up`` child, as Lambda is remote;
-    on these 2 cores that was not faster: 0.39-0.42 against 0.46 at 16 clients); each plan of
+    on these 2 cores that was not faster: 0.39-0.42 against 0.46 at 16 clients, measured before
+    the numpy grouping and the fixed user agent); each plan of
     ``--plans`` (``expert``: one function per expert; ``layer``: each layer's experts in one
     function, a step's rows for them in one bundled invoke) is served in turn;
   * baseline: the same continuous-batching engine (batched decode) over the unsplit checkpoint
