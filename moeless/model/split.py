@@ -8,6 +8,7 @@ module's contract, ``forward(hidden [T, H], top_k_index [T, k], top_k_weights [T
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 from typing import Any
 
@@ -63,13 +64,20 @@ def _dispatched_experts_class() -> type:
             if record is not None:
                 record(self.layer, dict(zip(ids.tolist(), groups, strict=True)))
             outputs = self.executor.run(self.layer, inputs)
-            # 3. Combine with the routing weights, in expert order as transformers does: one
-            # index_add over the expert-sorted rows adds each token's experts in that order.
+            # 3. Combine with the routing weights, adding each token's experts in expert order,
+            # rounding after each add, as transformers' loop over experts does. In float32 one
+            # index_add over the expert-sorted rows does exactly that; in a narrower dtype
+            # index_add accumulates one call's additions wider, so there it goes expert by expert.
             final = torch.zeros_like(hidden_states)
             if len(pairs):
                 out = torch.from_numpy(np.concatenate([np.asarray(outputs[int(e)]) for e in ids])).to(dtype)
-                gates = top_k_weights.reshape(-1)[torch.from_numpy(pairs)].to(dtype)
-                final.index_add_(0, torch.from_numpy(tokens), out * gates[:, None])
+                weighted = out * top_k_weights.reshape(-1)[torch.from_numpy(pairs)].to(dtype)[:, None]
+                at = torch.from_numpy(tokens)
+                if dtype == torch.float32:
+                    final.index_add_(0, at, weighted)
+                else:
+                    for start, end in itertools.pairwise(bounds):
+                        final.index_add_(0, at[start:end], weighted[start:end])
             return final.to(device)
 
     return DispatchedExperts

@@ -93,3 +93,52 @@ def test_tampered_backbone_is_refused_at_load(tiny, tmp_path):
     config.write_text(config.read_text().replace('"hidden_size": 64', '"hidden_size": 65'))
     with pytest.raises(ArtifactError, match="backbone file backbone/config.json does not match"):
         load_split_model(artifacts)
+
+
+class _ScaledExperts:
+    """An executor whose expert e returns its rows times (e + 1), recording what it was sent."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[int, int]] = []
+
+    def run(self, layer: int, inputs):
+        self.calls.append({e: len(rows) for e, rows in inputs.items()})
+        return {e: rows * (e + 1) for e, rows in inputs.items()}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_dispatched_experts_combine_in_expert_order_exactly_as_a_per_expert_loop(dtype):
+    from moeless.model.split import _dispatched_experts_class
+
+    # GIVEN 300 tokens routed top-3 over 8 experts, with slots masked out (-1) and one id past E
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(300, 16, generator=generator).to(dtype)
+    index = torch.stack([torch.randperm(8, generator=generator)[:3] for _ in range(300)])
+    index[::7, 2] = -1
+    index[5, 0] = 8
+    weights = torch.rand(300, 3, generator=generator)
+    executor = _ScaledExperts()
+    experts = _dispatched_experts_class()(0, 8, executor)
+    # WHEN the module combines the executor's outputs
+    got = experts(hidden, index, weights)
+    # THEN it equals, bit for bit, adding each expert's weighted rows in expert order
+    want = torch.zeros_like(hidden)
+    for e in range(8):
+        tokens, slots = torch.nonzero(index == e, as_tuple=True)
+        out = hidden[tokens].float().numpy() * (e + 1)
+        weighted = torch.from_numpy(out).to(dtype) * weights[tokens, slots, None].to(dtype)
+        want.index_add_(0, tokens, weighted)
+    assert got.dtype == dtype
+    assert torch.equal(got, want)
+    # AND each expert got exactly its valid rows, once
+    assert executor.calls == [{e: int((index == e).sum()) for e in range(8)}]
+
+
+def test_dispatched_experts_with_no_valid_slot_return_zeros():
+    from moeless.model.split import _dispatched_experts_class
+
+    executor = _ScaledExperts()
+    experts = _dispatched_experts_class()(0, 8, executor)
+    got = experts(torch.ones(4, 16), torch.full((4, 2), -1), torch.ones(4, 2))
+    assert torch.equal(got, torch.zeros(4, 16))
+    assert executor.calls == [{}]
