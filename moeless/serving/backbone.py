@@ -27,7 +27,8 @@ from moeless.serving.replanner import CombinedLoads, Replanner, RollingLoads
 from moeless.serving.stats import ServingStats
 
 if TYPE_CHECKING:
-    from moeless.serving.prewarm import CrossLayerPrewarmer
+    from moeless.prediction.trace import Trace
+    from moeless.serving.prewarm import CrossLayerPrewarmer, SpsPrewarmer
 
 DEFAULT_MAX_TOKENS_LIMIT = 1024
 
@@ -122,8 +123,10 @@ class Backbone:
         self.keep_warm = keeper.start() if keeper.needed else None
         self.coalescer = StepCoalescer(self.dispatcher)
         self.predicted_loads = RollingLoads(self.manifest.num_experts)
-        self.prewarmer = prewarm or self._prewarmer(config)
-        self.token_prewarmer = None if prewarm else self._token_prewarmer(config)
+        self.prewarmer: PrewarmHook | None = prewarm
+        self.token_prewarmer: CrossLayerPrewarmer | None = None
+        if prewarm is None:
+            self.prewarmer, self.token_prewarmer = self._prewarmers(config)
         self.coalescer.routing_observer = self.token_prewarmer.observe if self.token_prewarmer else None
         self.replanner: Replanner | None = None
         forecaster = ForecastReplanner.from_plan(self.plan)
@@ -169,25 +172,29 @@ class Backbone:
         """Token ids of ``prompt``; a chat-templated prompt already holds its special tokens."""
         return list(self.tokenizer(prompt, add_special_tokens=add_special_tokens)["input_ids"])
 
-    def _prewarmer(self, config: BackboneConfig) -> PrewarmHook | None:
-        if config.predictor_trace is None:
-            return None
+    def _prewarmers(self, config: BackboneConfig) -> tuple[PrewarmHook | None, CrossLayerPrewarmer | None]:
+        """The prompt-level pre-warmer and the token-level one, both learnt from the one read of
+        ``config.predictor_trace`` (none without a trace)."""
         from moeless.prediction.predictors import Embedder, fit_sps
         from moeless.prediction.prompt_predictors import fit_kernel
         from moeless.prediction.trace import TraceError, load_trace
         from moeless.serving.prewarm import SpsPrewarmer
 
+        if config.token_predictor not in ("crosslayer", "none"):
+            raise TraceError(f"unknown token predictor {config.token_predictor!r}; choose crosslayer or none")
+        if config.predictor_trace is None:
+            return None, None
         fitters: dict[str, Callable[..., Any]] = {"kernel": fit_kernel, "sps": fit_sps}
         if config.predictor not in fitters:
             raise TraceError(f"unknown predictor {config.predictor!r}; choose one of {', '.join(fitters)}")
 
-        trace = self._trace = load_trace(config.predictor_trace)
+        trace = load_trace(config.predictor_trace)
         if trace.layers != list(self.manifest.moe_layers) or trace.num_experts != self.manifest.num_experts:
             raise TraceError(
                 f"{config.predictor_trace} was not recorded from this model's layers and experts"
             )
         predictor = fitters[config.predictor](trace, np.unique(trace.request), Embedder())
-        return SpsPrewarmer(
+        scheduler = SpsPrewarmer(
             predictor,
             list(self.manifest.moe_layers),
             self.dispatcher.replicas,
@@ -198,20 +205,19 @@ class Backbone:
             idle_s=config.prewarm_idle_s,
             predicted=self.predicted_loads,
         )
+        return scheduler, self._token_prewarmer(config, trace, scheduler)
 
-    def _token_prewarmer(self, config: BackboneConfig) -> CrossLayerPrewarmer | None:
-        """The cross-layer model fitted on the trace's tokens, pre-warming one layer ahead."""
+    def _token_prewarmer(
+        self, config: BackboneConfig, trace: Trace, scheduler: SpsPrewarmer
+    ) -> CrossLayerPrewarmer | None:
+        """The cross-layer model fitted on the trace's tokens, pre-warming one layer ahead through
+        ``scheduler``."""
         from moeless.prediction.crosslayer import CrossLayerModel
-        from moeless.prediction.trace import TraceError
-        from moeless.serving.prewarm import CrossLayerPrewarmer, SpsPrewarmer
+        from moeless.serving.prewarm import CrossLayerPrewarmer
 
-        if config.token_predictor not in ("crosslayer", "none"):
-            raise TraceError(f"unknown token predictor {config.token_predictor!r}; choose crosslayer or none")
         layers = list(self.manifest.moe_layers)
-        scheduler = self.prewarmer
-        if config.token_predictor == "none" or not isinstance(scheduler, SpsPrewarmer) or len(layers) < 2:
+        if config.token_predictor == "none" or len(layers) < 2:
             return None
-        trace = self._trace  # read by _prewarmer, which made the scheduler
         experts = trace.experts.transpose(1, 0, 2).astype(np.int64)  # [T, L, k]
         weights = trace.weights.transpose(1, 0, 2).astype(np.float32)
         model = CrossLayerModel(trace.num_experts, self.manifest.top_k).fit(
