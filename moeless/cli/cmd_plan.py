@@ -112,6 +112,15 @@ from moeless.contracts.plan import Placement, Policy
     "change the outputs (the served tokens then differ from the unsplit model's). Repeatable.",
 )
 @click.option(
+    "--allow-prefill-chunk",
+    "allowed_chunks",
+    type=click.IntRange(1),
+    multiple=True,
+    help="With --slo-tpot-ms: the optimiser may also choose this chunked prefill (prompt tokens per "
+    "step) besides --prefill-chunk's [whole prompts]: smaller chunks lower p99 TPOT on long prompts "
+    "and raise TTFT and invokes. Repeatable.",
+)
+@click.option(
     "--frontier",
     is_flag=True,
     help="With --slo-tpot-ms: size moeless and remoe and simulate the fleet; write every point to "
@@ -154,6 +163,7 @@ def plan(
     packings: tuple[int, ...],
     groups: tuple[int, ...],
     allowed_dtypes: tuple[str, ...],
+    allowed_chunks: tuple[int, ...],
     frontier: bool,
     replan_s: float | None,
     no_keep_warm: bool,
@@ -174,6 +184,7 @@ def plan(
         traffic["packings"] = list(packings) or None
         traffic["groups"] = list(groups) or None
         traffic["expert_dtypes"] = list(dict.fromkeys([traffic["expert_dtype"], *allowed_dtypes]))
+        traffic["prefill_chunks"] = list(dict.fromkeys([traffic["prefill_chunk"], *allowed_chunks]))
         traffic["replan_s"] = replan_s
         _sized(
             policy,
@@ -188,12 +199,14 @@ def plan(
         )
         return
     sized_only = (
-        memory_options, replica_scales, packings, groups, allowed_dtypes, frontier, no_keep_warm, replan_s
+        memory_options, replica_scales, packings, groups, allowed_dtypes, allowed_chunks, frontier,
+        no_keep_warm, replan_s,
     )  # fmt: skip
     if slo_ttft_ms is not None or any(sized_only):
         raise click.UsageError(
             "--slo-ttft-ms, --memory-mb, --replica-scale, --packing, --group-experts, "
-            "--allow-expert-dtype, --frontier, --replan-interval and --no-keep-warm go with --slo-tpot-ms"
+            "--allow-expert-dtype, --allow-prefill-chunk, --frontier, --replan-interval and "
+            "--no-keep-warm go with --slo-tpot-ms"
         )
     from moeless.contracts.loads import load_loads
     from moeless.contracts.manifest import load_manifest
@@ -292,6 +305,7 @@ def _sized(
         traffic["max_batch"],
         traffic["context_tokens"],
         traffic["instances_path"],
+        traffic["prefill_chunk"],
     )
     slo = Slo(slo_tpot_ms, slo_ttft_ms)
     click.echo(f"sizing {policy} for {slo.describe()} on {len(replay)} requests ({source}, {duration:g} s)")
@@ -302,7 +316,7 @@ def _sized(
                 name, deployment, routing, replay, duration, slo, memory_options=memory_options or None,
                 replica_scales=traffic["replica_scales"], keep_warm=traffic["keep_warm"],
                 replan_s=traffic["replan_s"], packings=traffic["packings"], groups=traffic["groups"],
-                expert_dtypes=traffic["expert_dtypes"],
+                expert_dtypes=traffic["expert_dtypes"], prefill_chunks=traffic["prefill_chunks"],
                 seed=traffic["seed"], progress=True,
             )  # fmt: skip
         except SloUnreachable as exc:

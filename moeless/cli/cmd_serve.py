@@ -58,6 +58,12 @@ if TYPE_CHECKING:
     show_default=True,
     help="Sequences decoded together per step.",
 )
+@click.option(
+    "--prefill-chunk",
+    type=click.IntRange(1),
+    help="Chunked prefill: prompt tokens per step, shared by its new sequences, so a long prompt "
+    "stalls the decoding batch one chunk at a time [default: the plan's, else whole prompts].",
+)
 @click.option("--model-name", help="The `model` clients name [default: the artifacts folder's name].")
 @click.option(
     "--max-tokens-limit",
@@ -104,6 +110,7 @@ def serve(
     functions_port: int,
     device: str,
     max_batch: int,
+    prefill_chunk: int | None,
     model_name: str | None,
     max_tokens_limit: int,
     predictor_trace: Path | None,
@@ -137,6 +144,7 @@ def serve(
         device=device,
         model_name=model_name,
         max_batch=max_batch,
+        prefill_chunk=prefill_chunk,
         max_tokens_limit=max_tokens_limit,
         replan_interval_s=replan_interval,
         predictor_trace=predictor_trace,

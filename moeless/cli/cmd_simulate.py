@@ -75,6 +75,7 @@ def simulate(
     seed: int,
     resample_experts: bool,
     max_batch: int,
+    prefill_chunk: int | None,
     context_tokens: int,
     expert_dtype: str,
     gpu_dtype: str,
@@ -100,8 +101,8 @@ def simulate(
     given = load_plan(plan_path) if plan_path else None
     if given is not None:
         names = ["static", given.policy]
-        expert_dtype, max_batch, context_tokens = _plan_deployment(
-            given.params.get("deployment") or {}, expert_dtype, max_batch, context_tokens
+        expert_dtype, max_batch, context_tokens, prefill_chunk = _plan_deployment(
+            given.params.get("deployment") or {}, expert_dtype, max_batch, context_tokens, prefill_chunk
         )
     shape, routing = shape_and_routing(trace_path, loads_path, model_spec, resample_experts, seed)
     if given is not None:
@@ -109,7 +110,9 @@ def simulate(
     replay, source = replay_for(
         routing, arrivals_path, rate, arrival, duration, prompt_tokens, output_tokens, seed
     )
-    deployment = deployment_for(shape, expert_dtype, gpu_dtype, max_batch, context_tokens, instances_path)
+    deployment = deployment_for(
+        shape, expert_dtype, gpu_dtype, max_batch, context_tokens, instances_path, prefill_chunk
+    )
     describe = [f"- requests: {len(replay)} ({source}, {duration:g} s, seed {seed})"]
     if given is not None:
         describe.append(f"- {given.policy} replays the plan {plan_path} as it is")
@@ -134,25 +137,27 @@ def simulate(
 
 
 def _plan_deployment(
-    recorded: dict, expert_dtype: str, max_batch: int, context_tokens: int
-) -> tuple[str, int, int]:
-    """A sized plan's expert dtype, batch and context (what its functions and concurrency were
-    sized for) win over the options left at their defaults; an option given that contradicts them
-    is an error."""
+    recorded: dict, expert_dtype: str, max_batch: int, context_tokens: int, prefill_chunk: int | None
+) -> tuple[str, int, int, int | None]:
+    """A sized plan's expert dtype, batch, context and prefill chunk (what its functions and
+    concurrency were sized for) win over the options left at their defaults; an option given that
+    contradicts them is an error."""
     from click.core import ParameterSource
 
     context = click.get_current_context()
-    chosen = []
+    chosen: list[str | int | None] = []
     for key, value in (
         ("expert_dtype", expert_dtype),
         ("max_batch", max_batch),
         ("context_tokens", context_tokens),
+        ("prefill_chunk", prefill_chunk),
     ):
         planned = recorded.get(key, value)
         if context.get_parameter_source(key) is not ParameterSource.DEFAULT and value != planned:
             raise click.UsageError(f"the plan was sized for {key} {planned}, not {value}")
         chosen.append(planned)
-    return chosen[0], int(chosen[1]), int(chosen[2])
+    dtype, batch, planned_context, chunk = chosen
+    return str(dtype), int(batch or 0), int(planned_context or 0), int(chunk) if chunk else None
 
 
 def _check_plan_model(recorded: dict, model: str) -> None:

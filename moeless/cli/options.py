@@ -96,6 +96,12 @@ deployment_options = option_group(
         "--max-batch", type=click.IntRange(1), default=16, show_default=True, help="Sequences per step."
     ),
     click.option(
+        "--prefill-chunk",
+        type=click.IntRange(1),
+        help="Chunked prefill: prompt tokens an engine step computes, shared by its new sequences "
+        "(bounds the stall a long prompt puts on the decoding batch). Default: each prompt whole.",
+    ),
+    click.option(
         "--context-tokens",
         type=click.IntRange(1),
         default=8192,

@@ -45,6 +45,8 @@ class BackboneConfig:
         device: ``auto`` (CUDA when present), ``cpu`` or ``cuda``.
         model_name: the name clients pass as ``model`` (default: the artifacts folder's name).
         max_batch: sequences per engine step.
+        prefill_chunk: prompt tokens per engine step (chunked prefill); ``None``: the chunk the
+            plan was sized with (``params.deployment.prefill_chunk``), else each prompt whole.
         max_waiting: queued requests before 429.
         max_tokens_limit: largest ``max_tokens`` accepted.
         max_prompts: prompts one completion request may carry (one request must not fill the
@@ -71,6 +73,7 @@ class BackboneConfig:
     device: str = "auto"
     model_name: str | None = None
     max_batch: int = DEFAULT_MAX_BATCH
+    prefill_chunk: int | None = None
     max_waiting: int = 256
     max_tokens_limit: int = DEFAULT_MAX_TOKENS_LIMIT
     max_prompts: int = 16
@@ -166,7 +169,13 @@ class Backbone:
             max_waiting=config.max_waiting,
             stats=self.stats,
             prewarm=self.prewarmer,
+            prefill_chunk=config.prefill_chunk or self.planned_prefill_chunk(),
         )
+
+    def planned_prefill_chunk(self) -> int | None:
+        """The prefill chunk the plan's concurrency was sized for (``None``: whole prompts)."""
+        chunk = (self.plan.params.get("deployment") or {}).get("prefill_chunk")
+        return int(chunk) if chunk else None
 
     def encode(self, prompt: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``prompt``; a chat-templated prompt already holds its special tokens."""

@@ -9,7 +9,13 @@ per step, whatever the number of sequences. Then it samples one token per sequen
 new text, and retires finished sequences. Waiting requests join at the next step boundary, up
 to ``max_batch`` in flight; a prefilled sequence joins the decode batch at the step after.
 
-Prefill is exactly ``generate``'s; the batched decode is ``generate``'s left-padded batch (mask
+With ``prefill_chunk`` the prefill is **chunked**: a step computes at most that many prompt
+tokens, shared by its new sequences in the order they joined (each continues its own cache from
+where its last chunk ended; one whose share is 0 waits for a step with room). A long prompt then
+delays the decoding batch by one chunk per step rather than by its whole prefill.
+
+An unchunked prefill is exactly ``generate``'s, a chunked one equal to it up to float rounding (the
+attention over the cache in pieces); the batched decode is ``generate``'s left-padded batch (mask
 and position ids), equal to one-at-a-time decoding up to float rounding (see docs/serving.md
 for the tolerance and the tie rule).
 """
@@ -96,6 +102,7 @@ class Sequence:
     error: str | None = None
     cancelled: bool = False
     cache: Any = None  # its own KV cache between its prefill and joining the decode batch
+    prefilled: int = 0  # prompt tokens in ``cache`` (its prefill is complete at len(prompt_ids))
     logits: Any = None
     generator: Any = None
     submitted_at: float = field(default_factory=time.perf_counter)
@@ -144,6 +151,8 @@ class GenerationEngine:
         max_waiting: queued requests beyond the batch before :class:`Overloaded`.
         stats: request/token counters and latency.
         prewarm: the router hook, called as a request is admitted.
+        prefill_chunk: prompt tokens per step across its new sequences (chunked prefill);
+            ``None``: each new sequence's whole prompt in its first step.
     """
 
     def __init__(
@@ -156,8 +165,12 @@ class GenerationEngine:
         max_waiting: int = 256,
         stats: ServingStats | None = None,
         prewarm: PrewarmHook | None = None,
+        prefill_chunk: int | None = None,
     ) -> None:
+        if prefill_chunk is not None and prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1 token, not {prefill_chunk}")
         self.model = model
+        self.prefill_chunk = prefill_chunk
         self.tokenizer = tokenizer
         self.coalescer = coalescer
         self.eos_ids = eos_ids
@@ -203,6 +216,8 @@ class GenerationEngine:
         ``on_event(index, event)``."""
         import torch
 
+        if any(not ids for ids, _text in requests):
+            raise ValueError("a prompt of no tokens has nothing to continue from")
         sequences = [
             Sequence(list(ids), params, partial(on_event, index), text)
             for index, (ids, text) in enumerate(requests)
@@ -309,18 +324,18 @@ class GenerationEngine:
         # 1. The decode batch: finished rows leave, the sequences prefilled last step join.
         present = {id(sequence) for sequence in batch}
         keep = [s for s in self._decoding.members if id(s) in present]
-        joining = [s for s in batch if s.cache is not None]
+        joining = [s for s in batch if s.cache is not None and s.prefilled == len(s.prompt_ids)]
         self._decoding.rebuild(keep, [(s, s.cache, len(s.prompt_ids)) for s in joining])
         for sequence in joining:
             sequence.cache = None
         decoding = list(self._decoding.members)
         in_batch = {id(s) for s in decoding}
-        prefilling = [s for s in batch if id(s) not in in_batch]
-        # 2. One batched decode forward and one prefill forward per new sequence, concurrently.
+        prefilling = self._prefill_chunks([s for s in batch if id(s) not in in_batch])
+        # 2. One batched decode forward and one prefill (chunk) forward per new sequence, concurrently.
         if self.coalescer is not None:
             self.coalescer.begin_step(len(prefilling) + (1 if decoding else 0))
         futures: list[tuple[Sequence | None, Future[None]]] = [
-            (s, self._pool.submit(self._prefill, s)) for s in prefilling
+            (s, self._pool.submit(self._prefill, s, tokens)) for s, tokens in prefilling
         ]
         if decoding:
             futures.append((None, self._pool.submit(self._decode, decoding)))
@@ -336,16 +351,38 @@ class GenerationEngine:
                     self._fail(failed, f"{type(exc).__name__}: {exc}")
                 continue
             for done in carried:
+                if done.prefilled < len(done.prompt_ids):  # a chunk: no token until the last one
+                    continue
                 try:
                     self._advance(done)
                 except Exception as exc:  # sampling or decoding one sequence: fail it, not the engine
                     self._fail(done, f"{type(exc).__name__}: {exc}")
 
-    def _prefill(self, sequence: Sequence) -> None:
-        """The prompt's forward alone (exactly ``generate``'s), keeping its own cache until it joins."""
-        out = self._forward(sequence.routing, input_ids=[sequence.prompt_ids], past_key_values=None)
+    def _prefill_chunks(self, new: list[Sequence]) -> list[tuple[Sequence, int]]:
+        """The prompt tokens each new sequence computes in this step: the rest of its prompt, or
+        with ``prefill_chunk`` that many in all, shared in join order (later ones wait)."""
+        left = self.prefill_chunk or sum(len(s.prompt_ids) for s in new)
+        chunks = []
+        for sequence in new:
+            tokens = min(len(sequence.prompt_ids) - sequence.prefilled, left)
+            if tokens > 0:
+                chunks.append((sequence, tokens))
+                left -= tokens
+        return chunks
+
+    def _prefill(self, sequence: Sequence, tokens: int) -> None:
+        """The next ``tokens`` of the prompt in a forward alone, on the sequence's own cache (all of
+        them at once: exactly ``generate``'s prefill); the logits of the last chunk's last token."""
+        start = sequence.prefilled
+        out = self._forward(
+            sequence.routing,
+            input_ids=[sequence.prompt_ids[start : start + tokens]],
+            past_key_values=sequence.cache,
+        )
         sequence.cache = out.past_key_values
-        sequence.logits = out.logits[0, -1].float().cpu()
+        sequence.prefilled = start + tokens
+        if sequence.prefilled == len(sequence.prompt_ids):
+            sequence.logits = out.logits[0, -1].float().cpu()
 
     def _decode(self, decoding: list[Sequence]) -> None:
         """One token for every decoding sequence, in one forward over the stacked caches."""

@@ -93,6 +93,7 @@ def deployment_for(
     max_batch: int,
     context_tokens: int,
     instances_path: Path | None,
+    prefill_chunk: int | None = None,
 ) -> Deployment:
     """The deployment of ``shape``, on the built-in GPU catalogue or the one in ``instances_path``."""
     catalogue = None
@@ -100,4 +101,6 @@ def deployment_for(
         from moeless.planning.instances import load_catalogue
 
         catalogue = load_catalogue(instances_path)
-    return Deployment.choose(shape, expert_dtype, gpu_dtype, max_batch, context_tokens, catalogue)
+    return Deployment.choose(
+        shape, expert_dtype, gpu_dtype, max_batch, context_tokens, catalogue, prefill_chunk=prefill_chunk
+    )

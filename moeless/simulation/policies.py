@@ -61,6 +61,7 @@ class Deployment:
     fleet: Fleet
     backbone: Fleet
     model: CostModel
+    prefill_chunk: int | None = None  # prompt tokens per engine step (chunked prefill); None: whole
 
     @classmethod
     def choose(
@@ -72,6 +73,7 @@ class Deployment:
         context_tokens: int = DEFAULT_CONTEXT_TOKENS,
         catalogue: dict[str, Instance] | None = None,
         model: CostModel | None = None,
+        prefill_chunk: int | None = None,
     ) -> Deployment:
         """Size both sides of ``shape`` and pick their cheapest instances."""
         if expert_dtype not in EXPERT_DTYPES:
@@ -91,6 +93,7 @@ class Deployment:
             serving_fleet(dense + experts + kv, catalogue),
             backbone,
             replace(model or CostModel(), gpu=backbone.instance),  # what Remoe prices residency at
+            prefill_chunk,
         )
 
     @property
@@ -145,6 +148,7 @@ class Deployment:
             "gpu_dtype": self.gpu_dtype,
             "max_batch": self.max_batch,
             "context_tokens": self.context_tokens,
+            "prefill_chunk": self.prefill_chunk,
             "backbone": self.backbone.label(),
             "fleet": self.fleet.label(),
         }
@@ -157,8 +161,13 @@ class Deployment:
             f"expert {shape.hidden} x {shape.expert_intermediate}; {shape.total_params / 1e9:.1f}B "
             f"parameters ({shape.dense_params / 1e9:.2f}B dense); {shape.source}",
             f"- GPU weights in {self.gpu_dtype}; experts as functions in {self.expert_dtype}; "
-            f"continuous batching up to {self.max_batch} sequences; KV cache sized for "
-            f"{self.context_tokens} tokens each ({self.kv_bytes / 1e9:.1f} GB)",
+            f"continuous batching up to {self.max_batch} sequences, "
+            + (
+                f"prompts prefilled {self.prefill_chunk} tokens per step"
+                if self.prefill_chunk
+                else "each prompt prefilled in one step"
+            )
+            + f"; KV cache sized for {self.context_tokens} tokens each ({self.kv_bytes / 1e9:.1f} GB)",
             f"- serverful fleet (static): {self.fleet.label()} (${self.fleet.hourly_usd:.2f}/h), "
             f"the cheapest that holds every weight and the KV cache",
             f"- serverless backbone: {self.backbone.label()} (${self.backbone.hourly_usd:.2f}/h), "
@@ -269,6 +278,7 @@ def simulate_policy(
         serverful=serverful,
         oracle=oracle,
         max_batch=deployment.max_batch,
+        prefill_chunk=deployment.prefill_chunk,
         compute_speedup=EXPERT_DTYPES[deployment.expert_dtype].compute_speedup,
         replan=replan if use_replan else None,
         reprovision=reprovision,

@@ -43,8 +43,11 @@ class StepRouting(Protocol):
         """Routed experts per layer."""
         ...
 
-    def prefill(self, source: int, tokens: int, rng: np.random.Generator) -> np.ndarray:
-        """[layers, experts] tokens of one prompt of ``tokens`` tokens (request ``source``)."""
+    def prefill(
+        self, source: int, tokens: int, rng: np.random.Generator, chunk: slice | None = None
+    ) -> np.ndarray:
+        """[layers, experts] tokens of one prompt of ``tokens`` tokens (request ``source``), or of
+        its ``chunk`` of them (a step of a chunked prefill)."""
         ...
 
     def decode(self, sources: list[int], positions: list[int], rng: np.random.Generator) -> np.ndarray:
@@ -161,8 +164,10 @@ class SampledRouting:
             )
         return cls(table, top_k, list(model_layers), mapping)
 
-    def prefill(self, source: int, tokens: int, rng: np.random.Generator) -> np.ndarray:
-        return sample_counts(self.shares, tokens, self.top_k, rng)
+    def prefill(
+        self, source: int, tokens: int, rng: np.random.Generator, chunk: slice | None = None
+    ) -> np.ndarray:
+        return sample_counts(self.shares, _chunk_length(tokens, chunk), self.top_k, rng)
 
     def decode(self, sources: list[int], positions: list[int], rng: np.random.Generator) -> np.ndarray:
         return sample_counts(self.shares, len(sources), self.top_k, rng)
@@ -246,12 +251,15 @@ class RecordedRouting:
             len(self.chosen), self.num_experts
         )
 
-    def prefill(self, source: int, tokens: int, rng: np.random.Generator) -> np.ndarray:
+    def prefill(
+        self, source: int, tokens: int, rng: np.random.Generator, chunk: slice | None = None
+    ) -> np.ndarray:
         r = source % len(self.decode_rows)
         if len(self.prefill_rows[r]) == tokens:
-            return self._counts(self.prefill_rows[r])
+            return self._counts(self.prefill_rows[r][chunk or slice(None)])
         counts = self._counts(self.decode_rows[r]).astype(float)
-        return sample_counts(counts / counts.sum(axis=1, keepdims=True), tokens, self.top_k, rng)
+        shares = counts / counts.sum(axis=1, keepdims=True)
+        return sample_counts(shares, _chunk_length(tokens, chunk), self.top_k, rng)
 
     def decode(self, sources: list[int], positions: list[int], rng: np.random.Generator) -> np.ndarray:
         rows = []
@@ -276,3 +284,8 @@ class RecordedRouting:
             f"per-token routing replayed from {self.source} ({len(self.decode_rows)} requests, cycled), "
             f"top-{self.top_k}; {self.mapping}"
         )
+
+
+def _chunk_length(tokens: int, chunk: slice | None) -> int:
+    """How many of a prompt's ``tokens`` its ``chunk`` holds (all of them for ``None``)."""
+    return tokens if chunk is None else len(range(tokens)[chunk])

@@ -2,10 +2,12 @@
 
 A discrete-event simulation of the serving path (``moeless/serving/generation.py``): a backbone
 runs **continuous batching** in steps. At a step boundary waiting requests join, up to
-``max_batch`` in flight; a new sequence's step is its prefill (all its prompt tokens), the others
-decode one token each; a prefilled sequence produced its first token and decodes from the next
-step. A step crosses every MoE layer of the model in turn; at each, the step's tokens of all its
-sequences are routed (:mod:`moeless.simulation.routing`), and each needed expert's tokens are split
+``max_batch`` in flight; a new sequence's step is its prefill (all its prompt tokens, or with
+``prefill_chunk`` the next chunk of them: the step's new sequences share that many prompt tokens in
+the order they joined, and one whose share is 0 waits), the others decode one token each; a
+sequence whose prefill completed produced its first token and decodes from the next step. A step
+crosses every MoE layer of the model in turn; at each, the step's tokens of all its sequences are
+routed (:mod:`moeless.simulation.routing`), and each needed expert's tokens are split
 evenly over its replicas and cut into payload-sized pieces, each piece one invoke, except that
 pieces of several experts bound for one function travel in one bundled invoke (what the dispatcher
 does: :func:`~moeless.planning.packing.bundle_slices`). Each invoke is served where the policy put
@@ -197,14 +199,16 @@ class _Function:
 class _Sequence:
     index: int  # into the run's requests
     generated: int = 0
+    prefilled: int = 0  # prompt tokens computed so far
     first_token_s: float = 0.0
 
 
 @dataclass
 class _Step:
-    """One step of a loop in progress: its sequences, their routed counts, its per-block GPU time."""
+    """One step of a loop in progress: its sequences (each prefilling one with the prompt tokens
+    it computes in this step), their routed counts, its per-block GPU time."""
 
-    prefilling: list[_Sequence]
+    prefilling: list[tuple[_Sequence, int]]
     decoding: list[_Sequence]
     counts: np.ndarray  # [MoE layers, experts]
     dense_ms_per_layer: float
@@ -231,6 +235,9 @@ class Simulator:
         reprovision: instead, every ``replan_s`` seconds the forecasting re-planner re-sizes each
             function's provisioned and kept-warm environments from the window's demand by level
             (the code the serving path runs), applied the same way.
+        prefill_chunk: prompt tokens a step computes, across its new sequences (chunked prefill,
+            so that a long prompt does not stall the decoding batch for a whole prefill); ``None``:
+            each new sequence's whole prompt in one step.
         timeline: keep every busy interval and piece for the plots (costly on whole models).
         warm_up: the deployment's warm-up pass ran just before the first request: every function
             without provisioned concurrency has one warm environment at time 0 (its invoke and init
@@ -253,6 +260,7 @@ class Simulator:
         serverful: bool = False,
         oracle: bool = False,
         max_batch: int = 16,
+        prefill_chunk: int | None = None,
         compute_speedup: float = 1.0,
         idle_timeout_s: float = IDLE_TIMEOUT_S,
         replan: Callable[[Loads], Plan] | None = None,
@@ -274,6 +282,7 @@ class Simulator:
         self.serverful = serverful
         self.oracle = oracle
         self.max_batch = max_batch
+        self.prefill_chunk = prefill_chunk
         self.compute_speedup = compute_speedup
         self.idle_timeout_s = idle_timeout_s
         self.replan = replan
@@ -294,6 +303,7 @@ class Simulator:
         self._demand: dict[str, LevelDemand] = {}
         self._window_demand: dict[str, LevelDemand] = {}
         self._levels = LevelClock(idle_timeout_s)
+        self._piece_ms: dict[tuple[int, int], tuple[float, float]] = {}  # (memory, rows) -> times
         self._apply(plan, 0.0, ready_now=True)
         self.warm_up = warm_up and not serverful and not oracle
         self.ping_s = ping_s
@@ -335,6 +345,11 @@ class Simulator:
         self.functions = functions
         self.placement = {(p.layer, p.expert): p for p in plan.experts}
         self.targets = plan.invoke_targets()
+        # per layer, expert -> the functions its replicas invoke (None: resident on the backbone)
+        self._routes: dict[int, dict[int, list[str] | None]] = {}
+        for (layer, expert), placed in self.placement.items():
+            resident = placed.placement == Placement.BACKBONE
+            self._routes.setdefault(layer, {})[expert] = None if resident else self.targets[(layer, expert)]
         self.replans += 1
 
     # -- the run ----------------------------------------------------------------------------------
@@ -418,7 +433,12 @@ class Simulator:
             if layer_index + 1 < len(self.layers):
                 heapq.heappush(events, (done, tiebreak, loop, layer_index + 1))
                 continue
-            for sequence in step.prefilling + step.decoding:
+            stepped = list(step.decoding)
+            for sequence, tokens in step.prefilling:
+                sequence.prefilled += tokens
+                if sequence.prefilled >= requests[sequence.index].prompt_tokens:
+                    stepped.append(sequence)
+            for sequence in stepped:
                 sequence.generated += 1
                 if sequence.generated == 1:
                     sequence.first_token_s = done
@@ -528,6 +548,8 @@ class Simulator:
     def _expire(self, function: _Function, now: float) -> None:
         """Drop the on-demand instances idle longer than the timeout, except those the pings keep
         alive (up to ``keep_warm`` instances in all, the most recently used first)."""
+        if not function.free_at:
+            return
         alive = [t for t in function.free_at if t > now or now - t <= self.idle_timeout_s]
         if function.keep_warm > len(alive):
             idle = sorted((t for t in function.free_at if t <= now - self.idle_timeout_s), reverse=True)
@@ -546,12 +568,13 @@ class Simulator:
         usd: dict[str, float],
     ) -> _Step:
         """Route the step's tokens over every layer and price its dense part on the GPU."""
-        prefilling = [s for s in batch if s.generated == 0]
+        prefilling = self._prefill_chunks([s for s in batch if s.generated == 0], requests)
         decoding = [s for s in batch if s.generated > 0]
         counts = np.zeros((len(self.layers), self.routing.num_experts), np.int64)
-        for sequence in prefilling:
+        for sequence, tokens in prefilling:
             request = requests[sequence.index]
-            routed = self.routing.prefill(request.source, request.prompt_tokens, self._rng)
+            chunk = slice(sequence.prefilled, sequence.prefilled + tokens)
+            routed = self.routing.prefill(request.source, request.prompt_tokens, self._rng, chunk)
             counts += routed
             if self.prewarm is not None and self.prewarm.lead == "request":
                 for index in range(len(self.layers)):
@@ -560,9 +583,9 @@ class Simulator:
             counts += self.routing.decode(
                 [requests[s.index].source for s in decoding], [s.generated - 1 for s in decoding], self._rng
             )
-        # the step's forwards, as generation.py runs them: each prefill alone, then one batched
-        # decode; each is (tokens, context tokens attended over, sequences)
-        forwards = [(requests[s.index].prompt_tokens,) * 2 + (1,) for s in prefilling]
+        # the step's forwards, as generation.py runs them: each prefill (chunk) alone, then one
+        # batched decode; each is (tokens, context tokens attended over, sequences)
+        forwards = [(tokens, s.prefilled + tokens, 1) for s, tokens in prefilling]
         if decoding:
             context = sum(requests[s.index].prompt_tokens + s.generated for s in decoding)
             forwards.append((len(decoding), context, len(decoding)))
@@ -570,6 +593,19 @@ class Simulator:
         engine_ms = self.gpu.step_overhead_ms + self.gpu.sequence_overhead_ms * len(batch)
         dense_ms = (sum(self._forward_ms(*f) for f in forwards) + engine_ms) / len(self.layers)
         return _Step(prefilling, decoding, counts, dense_ms, tokens)
+
+    def _prefill_chunks(self, new: list[_Sequence], requests: list[Request]) -> list[tuple[_Sequence, int]]:
+        """The prompt tokens each new sequence computes in this step: all that are left, or with
+        ``prefill_chunk`` that many shared in join order (later ones wait for a step with room)."""
+        left = self.prefill_chunk if self.prefill_chunk is not None else math.inf
+        chunks = []
+        for sequence in new:
+            remaining = requests[sequence.index].prompt_tokens - sequence.prefilled
+            tokens = int(min(remaining, left))
+            if tokens > 0 or remaining <= 0:
+                chunks.append((sequence, max(tokens, 0)))
+                left -= tokens
+        return chunks
 
     def _forward_ms(self, tokens: int, context: int, sequences: int) -> float:
         """One forward's dense part over every block: each block streams its weights and its
@@ -621,25 +657,28 @@ class Simulator:
         spread = self.model.invoke_spread
         factor = float(np.exp(self._spread_rng.normal(0.0, spread))) if spread > 0 else 1.0
         slices: dict[str, list[Slice]] = {}  # function -> (expert, 0, rows) of this layer, in order
-        for expert in needed:
-            tokens = int(row[expert])
-            placement = self.placement[(layer, int(expert))]
-            if placement.placement == Placement.BACKBONE:
+        routes, max_rows, timeline = self._routes[layer], self.max_rows, self.timeline
+        for expert, tokens in zip(needed.tolist(), row[needed].tolist(), strict=True):
+            names = routes[expert]
+            if names is None:  # resident on the backbone
                 resident += 1
                 resident_selections += tokens
                 continue
-            names = self.targets[(layer, int(expert))]
             replicas = len(names)
+            if replicas == 1 and tokens <= max_rows and not timeline:  # one piece, one function
+                slices.setdefault(names[0], []).append((expert, 0, tokens))
+                continue
             for k in range(replicas):
                 share = tokens // replicas + (1 if k < tokens % replicas else 0)
-                for offset in range(0, share, self.max_rows):
-                    piece = min(self.max_rows, share - offset)
-                    slices.setdefault(names[k], []).append((int(expert), 0, piece))
-                    if self.timeline:
+                for offset in range(0, share, max_rows):
+                    piece = min(max_rows, share - offset)
+                    slices.setdefault(names[k], []).append((expert, 0, piece))
+                    if timeline:
                         result.pieces.append((now, f"{layer}/{expert}/{k}", piece))
+        serial_ms = self.model.invoke_serial_ms * factor
         for name, assigned in slices.items():
-            for bundle in bundle_slices(assigned, self.max_rows):
-                delay_ms = issued * self.model.invoke_serial_ms * factor
+            for bundle in bundle_slices(assigned, max_rows) if len(assigned) > 1 else (assigned,):
+                delay_ms = issued * serial_ms
                 issued += 1
                 latency = delay_ms + self._invoke(
                     now + delay_ms / 1e3, name, [rows for _, _, rows in bundle], result, usd, factor
@@ -653,15 +692,17 @@ class Simulator:
         """Pre-warm the functions of the predicted part of ``row`` that have no idle instance."""
         if self.prewarm is None or self.serverful or self.oracle:
             return
-        layer = self.layers[index]
-        for expert in np.flatnonzero(row):
-            if self._prewarm_rng.random() >= self.prewarm.hit_rate:
+        routes = self._routes[self.layers[index]]
+        experts = np.flatnonzero(row)
+        predicted = self._prewarm_rng.random(len(experts)) < self.prewarm.hit_rate
+        for expert in experts[predicted].tolist():
+            names = routes[expert]
+            if names is None:  # resident on the backbone
                 continue
-            if self.placement[(layer, int(expert))].placement == Placement.BACKBONE:
-                continue
-            for name in dict.fromkeys(self.targets.get((layer, int(expert)), [])):
+            for name in names if len(names) == 1 else dict.fromkeys(names):
                 function = self.functions[name]
-                function.warming = [t for t in function.warming if now - t <= self.idle_timeout_s]
+                if function.warming:
+                    function.warming = [t for t in function.warming if now - t <= self.idle_timeout_s]
                 self._expire(function, now)
                 idle = any(t <= now for t in function.provisioned_free_at) or any(
                     t <= now for t in function.free_at
@@ -689,6 +730,22 @@ class Simulator:
         self._initialising.append(now + cold_ms / 1e3)
         return cold_ms
 
+    def _times(self, memory_mb: int, rows: int) -> tuple[float, float]:
+        """(invoke overhead and transfer, expert compute) of ``rows`` rows at ``memory_mb``, ms
+        (memoised: a whole-model run asks for the same few sizes millions of times)."""
+        key = (memory_mb, rows)
+        times = self._piece_ms.get(key)
+        if times is None:
+            size = self.size
+            compute = self.model.expert_ms(
+                rows, size.hidden, size.intermediate, self.model.vcpus(memory_mb), size.weight_bytes
+            )
+            times = self._piece_ms[key] = (
+                self.model.invoke_ms(rows, size.hidden),
+                compute / self.compute_speedup,
+            )
+        return times
+
     def _invoke(
         self,
         now: float,
@@ -702,16 +759,10 @@ class Simulator:
         experts (one, or several of one layer, computed one after another); returns its latency,
         ms (``overhead_factor`` scales its overhead and transfer: the machine's momentary load)."""
         function = self.functions[name]
-        size = self.size
-        vcpus = self.model.vcpus(function.memory_mb)
-        compute = (
-            sum(
-                self.model.expert_ms(rows, size.hidden, size.intermediate, vcpus, size.weight_bytes)
-                for rows in bundle
-            )
-            / self.compute_speedup
-        )
-        busy_ms = self.model.invoke_ms(sum(bundle), size.hidden) * overhead_factor + compute
+        compute = 0.0
+        for rows in bundle:
+            compute += self._times(function.memory_mb, rows)[1]
+        busy_ms = self._times(function.memory_mb, sum(bundle))[0] * overhead_factor + compute
         result.invokes += 1
         usd["requests"] += self.model.prices.per_request
         provisioned = False
@@ -719,22 +770,26 @@ class Simulator:
         if self.oracle:
             start = now
         else:
-            level = (
-                1
-                + sum(t > now for t in function.provisioned_free_at)
-                + sum(t > now for t in function.free_at)
-            )
-            free = [k for k, t in enumerate(function.provisioned_free_at) if t <= now]
-            if free:
+            level, free = 1, -1
+            for k, t in enumerate(function.provisioned_free_at):
+                if t > now:
+                    level += 1
+                elif free < 0:
+                    free = k
+            for t in function.free_at:
+                level += t > now
+            if free >= 0:
                 provisioned = True
-                function.provisioned_free_at[free[0]] = now + busy_ms / 1e3
+                function.provisioned_free_at[free] = now + busy_ms / 1e3
                 start = now
             else:
                 # instances idle longer than the timeout are gone; of the idle rest, reuse the latest
                 self._expire(function, now)
-                idle = [k for k, t in enumerate(function.free_at) if t <= now]
-                if idle:
-                    k = max(idle, key=lambda j: function.free_at[j])
+                k = -1
+                for j, t in enumerate(function.free_at):
+                    if t <= now and (k < 0 or t > function.free_at[k]):
+                        k = j
+                if k >= 0:
                     start = now
                 elif function.warming and now - min(function.warming) <= self.idle_timeout_s:
                     # a pre-warmed instance: wait for its init rather than starting another

@@ -31,7 +31,11 @@
    every decoding sequence, for more invokes and more environments to keep warm) runs steps 2-4;
    the cheapest feasible wins. The experts' dtype is searched only over ``expert_dtypes`` (default:
    the deployment's): fp16 and int8 change the outputs, so trading accuracy for cost is the
-   user's call, never the optimiser's own.
+   user's call, never the optimiser's own. The engine's prefill chunk is searched over
+   ``prefill_chunks`` (default: the deployment's): a smaller chunk bounds the stall a long prompt
+   puts on every decoding sequence (lower p99 TPOT) but re-pays each layer's invokes and expert
+   weights once per chunk, which lowers the backbone's prefill throughput (higher TTFT, more
+   invokes): a trade only the traffic's prompt lengths and the SLO settle.
 
 Why the simulator in the loop rather than a queueing bound alone: an MoE step's invokes are not a
 Poisson stream (a prefill touches every expert of every layer at once; decode touches a few per
@@ -108,6 +112,7 @@ class FrontierPoint:
     packing: int = 1  # experts of consecutive layers per function
     expert_dtype: str = "fp32"
     group: int = 1  # experts of one layer per function, one bundled invoke
+    prefill_chunk: int | None = None  # prompt tokens per engine step; None: whole prompts
 
     @property
     def usd_per_1k(self) -> float:
@@ -131,6 +136,7 @@ class FrontierPoint:
             "packing": self.packing,
             "group": self.group,
             "expert_dtype": self.expert_dtype,
+            "prefill_chunk": self.prefill_chunk or "",
             "usd_per_cold_start": self.usd_per_cold_start,
             "provisioned": self.provisioned,
             "keep_warm": self.keep_warm,
@@ -268,6 +274,7 @@ def size_for_slo(
     packings: list[int] | None = None,
     groups: list[int] | None = None,
     expert_dtypes: list[str] | None = None,
+    prefill_chunks: list[int | None] | None = None,
     keep_warm: bool = True,
     replan_s: float | None = None,
     prewarm: dict[str, PrewarmModel] | None = None,
@@ -282,7 +289,11 @@ def size_for_slo(
     """
     if policy not in ("moeless", "remoe"):
         raise SimulationError(f"the replica optimiser sizes moeless or remoe plans, not {policy!r}")
-    variants = {d: replace(deployment, expert_dtype=d) for d in (expert_dtypes or [deployment.expert_dtype])}
+    variants = {
+        (dtype, chunk): replace(deployment, expert_dtype=dtype, prefill_chunk=chunk)
+        for dtype in expert_dtypes or [deployment.expert_dtype]
+        for chunk in dict.fromkeys(prefill_chunks or [deployment.prefill_chunk])
+    }
     points: list[FrontierPoint] = []
     floors = []
     loads = routing.loads()
@@ -341,6 +352,7 @@ def size_for_slo(
                 family.point(price)
             for point in family.points:
                 point.expert_dtype = variant.expert_dtype
+                point.prefill_chunk = variant.prefill_chunk
             points += family.points
     floor = min(floors)
     feasible = [p for p in points if slo.met(p.summary)]
@@ -353,7 +365,8 @@ def size_for_slo(
     )
     if sizing.chosen is None:
         raise SloUnreachable(sizing)
-    sizing.chosen.plan = _annotated(sizing.chosen, sizing, variants[sizing.chosen.expert_dtype])
+    chosen_variant = variants[(sizing.chosen.expert_dtype, sizing.chosen.prefill_chunk)]
+    sizing.chosen.plan = _annotated(sizing.chosen, sizing, chosen_variant)
     return sizing
 
 

@@ -140,6 +140,59 @@ def test_unsplit_engine_equals_generate_when_the_batch_is_smaller_than_the_reque
         assert_greedy_equal(reference_run, engine_tokens(sequence, eos_id))
 
 
+@pytest.mark.parametrize(("arch", "split"), [("gpt_oss", False), ("deepseek_v3", True)])
+def test_chunked_prefill_equals_generate_and_no_forward_exceeds_the_chunk(tiny, arch, split):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    # chunks of 7 prompt tokens per step across the new sequences: the long prompts take many
+    # steps (GPT-OSS's 64-token sliding window is crossed inside the chunked prefill) while the
+    # others decode, and a new sequence waits while the chunk is used up by those before it;
+    # split, every chunk's expert calls go through the step's coalescer
+    model_dir = tiny.model(arch)
+    coalescer = None
+    if split:
+        artifacts = tiny.package(arch)
+        coalescer = StepCoalescer(OnnxExpertPool(artifacts, load_manifest(artifacts)))
+        model = load_split_model(artifacts, coalescer)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    widths: list[int] = []
+    model.register_forward_pre_hook(
+        lambda _module, _args, kwargs: widths.append(int(kwargs["input_ids"].shape[1])), with_kwargs=True
+    )
+    engine = GenerationEngine(model, tokenizer, coalescer, eos_token_ids(model), max_batch=4, prefill_chunk=7)
+    try:
+        sequences = run_staggered(engine, tokenizer, PROMPTS, MAX_TOKENS)
+    finally:
+        engine.stop()
+    assert max(widths) <= 7
+    longest = max(len(tokenizer(p)["input_ids"]) for p in PROMPTS)
+    assert widths.count(7) >= longest // 7  # the longest prompt alone needs that many full chunks
+    (eos_id,) = eos_token_ids(model)
+    for reference_run, sequence in zip(reference(model_dir, PROMPTS, MAX_TOKENS), sequences, strict=True):
+        assert_greedy_equal(reference_run, engine_tokens(sequence, eos_id))
+
+
+def test_the_engine_refuses_an_empty_prompt_and_a_chunk_of_no_tokens(tiny):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model_dir = tiny.model("mixtral")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    with pytest.raises(ValueError, match="at least 1 token"):
+        GenerationEngine(model, tokenizer, None, eos_token_ids(model), prefill_chunk=0)
+    engine = GenerationEngine(model, tokenizer, None, eos_token_ids(model))
+    try:
+        with pytest.raises(ValueError, match="no tokens"):
+            engine.submit([], SamplingParams(4), lambda event: None)
+        assert engine.load() == (0, 0)
+    finally:
+        engine.stop()
+
+
 class CountingExecutor:
     """The in-process experts, counting each call's rows per layer."""
 

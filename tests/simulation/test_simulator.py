@@ -107,6 +107,51 @@ def test_a_step_pays_each_of_its_forwards_as_the_engine_runs_them():
     assert dense == pytest.approx((2 + 1) * 2 * 1.5)  # 2 prefill forwards, then 1 decode forward
 
 
+def test_a_chunked_prefill_takes_a_step_per_chunk_in_join_order_and_replays_its_rows():
+    # two requests at t = 0, prompts of 5 and 3 tokens, chunks of 4 prompt tokens per step:
+    # step 1 computes tokens 0-3 of request 0; step 2 its token 4 and tokens 0-2 of request 1 (both
+    # prefills complete: first tokens); step 3 decodes both
+    prompt0 = np.arange(5 * 2 * 2).reshape(5, 2, 2) % 8
+    prompt1 = np.array([[[5, 6], [6, 7]]] * 3)
+    decode = [np.array([[[0, 1], [2, 3]]]), np.array([[[0, 1], [6, 7]]])]
+    routing = RecordedRouting(decode, [prompt0, prompt1], 8, 2, [0, 1], [0, 1], "", "hand-made")
+    requests = [Request(0.0, 5, 2, 0), Request(0.0, 3, 2, 1)]
+    sim = Simulator(one_function_each(), routing, SIZE, CostModel(), GPU, HARDWARE, oracle=True,
+                    max_batch=2, prefill_chunk=4)  # fmt: skip
+    result = sim.run(requests, duration_s=1.0)
+    assert result.steps == 3
+    layers = np.reshape(result.layer_latency_ms, (3, 2))
+    forwards = np.array([1, 2, 1])  # request 0's chunk; both chunks; the batched decode
+    step_ms = layers.sum(axis=1) + forwards * 2 * 0.5  # each forward: two blocks of 0.5 ms
+    assert result.ttft_ms == pytest.approx([step_ms[:2].sum()] * 2)
+    assert result.tpot_ms == pytest.approx([step_ms[2]] * 2)
+    served = np.zeros((2, 8), int)
+    for rows in (prompt0, prompt1, decode[0], decode[1]):
+        for layer in range(2):
+            np.add.at(served[layer], rows[:, layer].ravel(), 1)
+    assert {k: v for k, v in result.tokens_served.items()} == {
+        (layer, e): int(served[layer, e]) for layer in range(2) for e in range(8) if served[layer, e]
+    }
+
+
+def test_chunked_prefill_bounds_the_stall_a_long_prompt_puts_on_decoding():
+    # a short request decoding when a 4,000-token prompt arrives: whole, its prefill is one long
+    # step every decoding sequence waits for; in chunks of 256 no step is that long, but the
+    # chunks together cost more (each re-pays the invokes and the experts' weights)
+    def run(chunk: int | None) -> tuple[float, float]:
+        sim = Simulator(one_function_each(), sampled(), SIZE, CostModel(), GPU, HARDWARE,
+                        oracle=True, prefill_chunk=chunk)  # fmt: skip
+        result = sim.run([Request(0.0, 8, 40, 0), Request(0.05, 4000, 4, 1)], 1.0)
+        assert result.completed == 2 and result.steps == 40
+        steps = np.reshape(result.layer_latency_ms, (-1, 2)).sum(axis=1)
+        return float(steps.max()), float(steps.sum())
+
+    longest_whole, total_whole = run(None)
+    longest_chunked, total_chunked = run(256)
+    assert longest_chunked < 0.3 * longest_whole
+    assert total_chunked > total_whole
+
+
 def test_local_invokes_of_a_layer_leave_one_after_another():
     # one token to each of experts 0..3 of layer 0 and 4..7 of layer 1: four invokes per layer;
     # locally the k-th leaves k x invoke_serial_ms after the first; on AWS they overlap

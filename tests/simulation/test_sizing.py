@@ -208,13 +208,15 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
     assert mixed.exit_code == 2 and "--workers: not with --slo-tpot-ms" in mixed.output
     sized = runner.invoke(
         cli,
-        ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "1e7", "--frontier", "-o", str(plan_path)],
-    )
+        ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "1e7", "--frontier", "--prefill-chunk", "8",
+         "-o", str(plan_path)],
+    )  # fmt: skip
     assert sized.exit_code == 0, sized.output
     plan = load_plan(plan_path)
     assert (
         plan.params["sizing"]["slo_tpot_ms_p99"] == 1e7
         and plan.params["deployment"]["model"] == "mixtral-8x7b"
+        and plan.params["deployment"]["prefill_chunk"] == 8  # the replay below chunks as planned
     )
     assert all(isinstance(f.provisioned_concurrency, int) for f in plan.functions)
     hosted = sorted(pair for f in plan.functions for pair in f.experts)
@@ -242,7 +244,8 @@ def test_simulate_refuses_a_plan_sized_for_another_deployment(tmp_path):
 
     from moeless.cli.main import cli
 
-    plan = Plan("moeless", [], [], params={"deployment": {"model": "deepseek-v3", "expert_dtype": "int8"}})
+    recorded = {"model": "deepseek-v3", "expert_dtype": "int8", "prefill_chunk": 256}
+    plan = Plan("moeless", [], [], params={"deployment": recorded})
     plan.save(tmp_path / "plan.json")
     loads = tmp_path / "loads.json"
     loads.write_text(json.dumps({"model": "mistralai/Mixtral-8x7B-v0.1", "top_k": 2, "num_model_layers": 32,
@@ -258,6 +261,8 @@ def test_simulate_refuses_a_plan_sized_for_another_deployment(tmp_path):
     ]
     wrong_dtype = CliRunner().invoke(cli, [*base, "--expert-dtype", "fp16"])
     assert wrong_dtype.exit_code == 2 and "sized for expert_dtype int8" in wrong_dtype.output
+    wrong_chunk = CliRunner().invoke(cli, [*base, "--expert-dtype", "int8", "--prefill-chunk", "128"])
+    assert wrong_chunk.exit_code == 2 and "sized for prefill_chunk 256" in wrong_chunk.output
     wrong_model = CliRunner().invoke(cli, base)
     assert wrong_model.exit_code == 2 and "sized for deepseek-v3" in wrong_model.output
 
@@ -439,3 +444,27 @@ def test_a_cheaper_expert_dtype_is_chosen_only_where_the_user_allows_it():
     assert allowed.chosen.expert_dtype == "int8"  # a quarter of the bytes, 4.2x the speed
     assert allowed.chosen.plan.params["deployment"]["expert_dtype"] == "int8"
     assert allowed.chosen.usd_per_1k <= fp32.chosen.usd_per_1k
+
+
+def test_a_prefill_chunk_is_a_choice_the_optimiser_weighs_against_the_slo():
+    """Short requests decoding while long prompts arrive: whole prompts stall every decoding
+    sequence for a long prefill step; chunked, the TPOT SLO that whole prompts miss is met, and
+    the plan records the chunk it was sized with (the engine then chunks as planned)."""
+    deployment = Deployment.choose(one_expert_shape())
+    routing = SampledRouting.from_loads(Loads({0: np.array([4.0, 3, 2, 1])}, {"top_k": 1}), 1, [0], 1)
+    replay = [Request(0.5 * n, 8, 60, n) if n % 4 else Request(0.5 * n, 6000, 2, n) for n in range(24)]
+    whole = size_for_slo("moeless", deployment, routing, replay, 60.0, Slo(1e9))
+    either = size_for_slo("moeless", deployment, routing, replay, 60.0, Slo(1e9), prefill_chunks=[None, 256])
+    assert {p.prefill_chunk for p in either.points} == {None, 256}
+    by_chunk = {c: min(p.summary["tpot_ms_p99"] for p in either.points if p.prefill_chunk == c)
+                for c in (None, 256)}  # fmt: skip
+    assert by_chunk[256] < by_chunk[None]
+    bound = (by_chunk[256] + by_chunk[None]) / 2
+    with pytest.raises(SloUnreachable):
+        size_for_slo("moeless", deployment, routing, replay, 60.0, Slo(bound))
+    chunked = size_for_slo(
+        "moeless", deployment, routing, replay, 60.0, Slo(bound), prefill_chunks=[None, 256]
+    )
+    assert chunked.chosen.prefill_chunk == 256
+    assert chunked.chosen.plan.params["deployment"]["prefill_chunk"] == 256
+    assert whole.chosen.plan.params["deployment"]["prefill_chunk"] is None
