@@ -160,8 +160,15 @@ class Sizing:
     floor_ms: float = 0.0  # the Lambda floor of TPOT: layers x (invoke overhead + slowest piece)
 
     def best_latency(self) -> FrontierPoint:
-        """The point with the lowest p99 TPOT (what an unreachable SLO can have instead)."""
-        return min(self.points, key=lambda p: (p.summary["tpot_ms_p99"], p.usd_per_1k))
+        """The point with the lowest p99 TPOT (what an unreachable SLO can have instead), among
+        those that completed the most requests: an overloaded plan that finished none has no
+        latency to speak of, not the best one."""
+        return min(self.points, key=fastest_completing)
+
+
+def fastest_completing(point: FrontierPoint) -> tuple[int, float, float]:
+    """Sort key: most requests completed first, then lowest p99 TPOT, then cheapest."""
+    return (-int(point.summary["completed"]), point.summary["tpot_ms_p99"], point.usd_per_1k)
 
 
 class SloUnreachable(SimulationError):

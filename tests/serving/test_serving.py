@@ -341,6 +341,19 @@ def test_a_plan_packing_each_layers_experts_in_one_function_gives_the_same_token
         assert host.meter.snapshot()["totals"]["requests"] == backbone.stats.get("invokes")
 
 
+def test_the_service_prefills_in_the_chunks_its_plan_was_sized_with(mixtral, tmp_path):
+    from dataclasses import replace
+
+    model_dir, artifacts = mixtral
+    manifest = load_manifest(artifacts)
+    plan = one_function_per_expert(manifest)
+    replace(plan, params={"deployment": {"prefill_chunk": 3}}).save(tmp_path / "plan.json")
+    expected = reference_ids(model_dir, PROMPTS[:4], 6)
+    with serving(artifacts, plan_path=tmp_path / "plan.json") as (_, backbone, _host):
+        assert backbone.engine.prefill_chunk == 3
+        assert engine_ids(backbone, PROMPTS[:4], 6) == expected
+
+
 def test_pre_warming_from_a_trace_runs_at_the_prompt_and_the_token_level_and_keeps_the_tokens(
     mixtral, tmp_path
 ):

@@ -468,3 +468,18 @@ def test_a_prefill_chunk_is_a_choice_the_optimiser_weighs_against_the_slo():
     assert chunked.chosen.prefill_chunk == 256
     assert chunked.chosen.plan.params["deployment"]["prefill_chunk"] == 256
     assert whole.chosen.plan.params["deployment"]["prefill_chunk"] is None
+
+
+def test_the_best_reachable_latency_is_that_of_a_plan_that_completed_its_requests():
+    from moeless.simulation.sizing import FrontierPoint, Sizing
+
+    def point(completed: int, tpot_ms: float) -> FrontierPoint:
+        summary = {"completed": completed, "requests": 4, "tpot_ms_p99": tpot_ms, "ttft_ms_p99": tpot_ms,
+                   "usd_per_1k_requests": 1.0}  # fmt: skip
+        return FrontierPoint(1769, 0.0, Plan("moeless", [], []), summary)
+
+    overloaded, slow, fast_but_partial = point(0, 0.0), point(4, 900.0), point(3, 100.0)
+    sizing = Sizing("moeless", Slo(1.0), None, [overloaded, fast_but_partial, slow], 50.0)
+    assert sizing.best_latency() is slow  # finishing none reports a p99 of 0: no latency at all
+    with pytest.raises(SloUnreachable, match="best reached is p99 TPOT 900.0 ms"):
+        raise SloUnreachable(sizing)
