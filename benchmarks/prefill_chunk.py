@@ -1,7 +1,7 @@
 """Chunked prefill on a whole model: the stall a long prompt puts on decoding, against TTFT and cost.
 
 Usage:
-    .venv/bin/python benchmarks/prefill_chunk.py                      # about 8 minutes here
+    .venv/bin/python benchmarks/prefill_chunk.py                      # about 3 minutes here
     .venv/bin/python benchmarks/prefill_chunk.py --trace conv --chunks 0,512
 
 DeepSeek-V3 (routing: OLMoE's on C4, carried onto 256 experts; fp32 experts; batch 16), the
