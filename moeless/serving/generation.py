@@ -22,6 +22,7 @@ for the tolerance and the tie rule).
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import uuid
@@ -126,6 +127,19 @@ def sample_token(logits: Any, params: SamplingParams, generator: Any) -> int:
         sorted_probs[outside] = 0.0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+
+
+def prefill_shares(remaining: list[int], chunk: int | None) -> list[int]:
+    """The prompt tokens each new sequence computes in one step, in join order: all it has left
+    (``remaining``), or with ``chunk`` that many in all, shared first come first (the simulator
+    chunks the same way)."""
+    left = math.inf if chunk is None else chunk
+    shares = []
+    for tokens in remaining:
+        share = int(max(0, min(tokens, left)))
+        shares.append(share)
+        left -= share
+    return shares
 
 
 def stop_holdback(text: str, stops: tuple[str, ...]) -> int:
@@ -361,14 +375,9 @@ class GenerationEngine:
     def _prefill_chunks(self, new: list[Sequence]) -> list[tuple[Sequence, int]]:
         """The prompt tokens each new sequence computes in this step: the rest of its prompt, or
         with ``prefill_chunk`` that many in all, shared in join order (later ones wait)."""
-        left = self.prefill_chunk or sum(len(s.prompt_ids) for s in new)
-        chunks = []
-        for sequence in new:
-            tokens = min(len(sequence.prompt_ids) - sequence.prefilled, left)
-            if tokens > 0:
-                chunks.append((sequence, tokens))
-                left -= tokens
-        return chunks
+        remaining = [len(s.prompt_ids) - s.prefilled for s in new]
+        shares = prefill_shares(remaining, self.prefill_chunk)
+        return [(s, tokens) for s, tokens in zip(new, shares, strict=True) if tokens > 0]
 
     def _prefill(self, sequence: Sequence, tokens: int) -> None:
         """The next ``tokens`` of the prompt in a forward alone, on the sequence's own cache (all of

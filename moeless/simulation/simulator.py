@@ -55,6 +55,7 @@ from moeless.contracts.plan import Placement, Plan
 from moeless.planning.concurrency import ForecastReplanner, LevelClock, LevelDemand, Warmth, with_concurrency
 from moeless.planning.cost_model import CostModel, ExpertShape
 from moeless.planning.packing import Slice, bundle_slices
+from moeless.serving.generation import prefill_shares
 from moeless.simulation.roofline import Hardware
 from moeless.simulation.routing import StepRouting
 
@@ -597,15 +598,13 @@ class Simulator:
     def _prefill_chunks(self, new: list[_Sequence], requests: list[Request]) -> list[tuple[_Sequence, int]]:
         """The prompt tokens each new sequence computes in this step: all that are left, or with
         ``prefill_chunk`` that many shared in join order (later ones wait for a step with room)."""
-        left = self.prefill_chunk if self.prefill_chunk is not None else math.inf
-        chunks = []
-        for sequence in new:
-            remaining = requests[sequence.index].prompt_tokens - sequence.prefilled
-            tokens = int(min(remaining, left))
-            if tokens > 0 or remaining <= 0:
-                chunks.append((sequence, max(tokens, 0)))
-                left -= tokens
-        return chunks
+        remaining = [requests[s.index].prompt_tokens - s.prefilled for s in new]
+        shares = prefill_shares(remaining, self.prefill_chunk)
+        return [
+            (s, tokens)
+            for s, tokens, left in zip(new, shares, remaining, strict=True)
+            if tokens > 0 or left <= 0  # an empty prompt completes in the step it joins
+        ]
 
     def _forward_ms(self, tokens: int, context: int, sequences: int) -> float:
         """One forward's dense part over every block: each block streams its weights and its
