@@ -10,10 +10,14 @@ weighting are fixed constants.
 *centred* embeddings (the mean of the past prompts' embeddings subtracted, then renormalised, which
 spreads the similarities out), with a softmax kernel ``exp(sim / bandwidth)`` over the nearest
 ``neighbours``, shrunk towards the frequency prior by ``shrink`` (James-Stein style: useful when
-neighbours are few or noisy). Bandwidth, neighbours and shrinkage are chosen by leave-one-out
-validation on the training requests only. Finished requests join the index online (:meth:`learn`),
-as in SPS. It has SPS's interface (``predict``, ``learn``, ``prior``), so the pre-warmer and the
-re-planner's demand forecast take either.
+neighbours are few or noisy). The neighbours' shares are combined by a blend of their
+kernel-weighted mean and their kernel-weighted median per expert (weight ``median``): load accuracy
+is 1 - total variation, an L1 loss, whose pointwise minimiser is the median, not the mean; the
+median also ignores the odd neighbour whose short answer left noisy shares. Bandwidth, neighbours,
+median weight and shrinkage are chosen by leave-one-out validation on the training requests only.
+Finished requests join the index online (:meth:`learn`), as in SPS. It has SPS's interface
+(``predict``, ``learn``, ``prior``), so the pre-warmer and the re-planner's demand forecast take
+either.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from moeless.prediction.trace import Trace
 BANDWIDTHS = (0.02, 0.05, 0.1, 0.2, 0.4)
 NEIGHBOURS = (4, 8, 16, 32)
 SHRINKS = (0.0, 0.1, 0.2, 0.4)
+MEDIANS = (0.0, 0.5, 0.7, 1.0)
 
 
 def load_accuracy(predicted: np.ndarray, actual: np.ndarray) -> np.ndarray:
@@ -41,14 +46,36 @@ def _kernel_weights(similarity: np.ndarray, bandwidth: float) -> np.ndarray:
     return weights / weights.sum(axis=-1, keepdims=True)
 
 
+def weighted_median_shares(weights: np.ndarray, shares: np.ndarray) -> np.ndarray:
+    """Per expert, the weighted median of the neighbours' shares, renormalised to sum to 1.
+
+    weights [q, k] (rows sum to 1), shares [q, k, L, E] -> [q, L, E].
+    """
+    order = np.argsort(shares, axis=1)
+    ranked = np.take_along_axis(shares, order, axis=1)
+    cumulative = np.cumsum(
+        np.take_along_axis(np.broadcast_to(weights[:, :, None, None], shares.shape), order, axis=1), axis=1
+    )
+    middle = np.minimum((cumulative < 0.5).sum(axis=1, keepdims=True), shares.shape[1] - 1)
+    median = np.take_along_axis(ranked, middle, axis=1)[:, 0]
+    totals = median.sum(axis=-1, keepdims=True)
+    return np.where(totals > 0, median / np.maximum(totals, 1e-12), 1.0 / shares.shape[-1])
+
+
+def _combine(weights: np.ndarray, shares: np.ndarray, median: float) -> np.ndarray:
+    """weights [q, k], neighbours' shares [q, k, L, E] -> [q, L, E]: mean and median blended."""
+    mean = np.einsum("qk,qkle->qle", weights, shares)
+    return mean if median == 0 else (1 - median) * mean + median * weighted_median_shares(weights, shares)
+
+
 class KernelNeighbours:
     """Kernel-weighted nearest prompts -> per-layer expert shares, shrunk towards the prior.
 
     Args:
         embedder: text -> unit vectors [n, D].
         prior: the frequency prior (its layer indices are the predicted layers).
-        bandwidth, neighbours, shrink: the kernel's settings (``fit`` chooses them unless given
-            ``tune=False``).
+        bandwidth, neighbours, median, shrink: the kernel's settings (``fit`` chooses them unless
+            given ``tune=False``).
     """
 
     def __init__(
@@ -58,18 +85,21 @@ class KernelNeighbours:
         bandwidth: float = 0.1,
         neighbours: int = 16,
         shrink: float = 0.0,
+        median: float = 0.0,
     ) -> None:
         self.embedder = embedder
         self.prior = prior
         self.bandwidth = bandwidth
         self.neighbours = neighbours
         self.shrink = shrink
+        self.median = median
         self.centre = np.zeros(0, np.float32)
         self.vectors = np.zeros((0, 0), np.float32)  # centred, unit
         self.shares = np.zeros((0, 0, 0))  # [n, L, E]
         self.validation: dict[str, float] = {}
 
-    def _centred(self, vectors: np.ndarray) -> np.ndarray:
+    def centred(self, vectors: np.ndarray) -> np.ndarray:
+        """Raw embeddings [..., D] -> centred on the indexed prompts' mean, unit length."""
         out = np.asarray(vectors, np.float32) - self.centre
         return out / np.maximum(np.linalg.norm(out, axis=-1, keepdims=True), 1e-9)
 
@@ -82,51 +112,57 @@ class KernelNeighbours:
         shares: np.ndarray,
         vectors: np.ndarray | None = None,
         tune: bool = True,
+        medians: tuple[float, ...] = MEDIANS,
     ) -> KernelNeighbours:
-        """Index past requests: ``shares[n, L, E]`` per prompt; choose the settings by leave-one-out."""
+        """Index past requests: ``shares[n, L, E]`` per prompt; choose the settings by leave-one-out
+        (``medians`` are the median weights tried: ``(0.0,)`` keeps the kernel mean alone)."""
         raw = self.embedder(prompts) if vectors is None else np.asarray(vectors, np.float32)
         assert len(raw) == len(shares), "one shares row per prompt"
         self.centre = raw.mean(axis=0) if len(raw) > 1 else np.zeros(raw.shape[1], np.float32)
-        self.vectors = self._centred(raw)
+        self.vectors = self.centred(raw)
         self.shares = np.asarray(shares, float)
         if tune and len(raw) > 2:
-            self._tune()
+            self._tune(medians)
         return self
 
-    def _tune(self) -> None:
+    def _tune(self, medians: tuple[float, ...]) -> None:
         """Grid search on leave-one-out load accuracy over the indexed requests."""
         similarity = self.vectors @ self.vectors.T
         np.fill_diagonal(similarity, -np.inf)
         order = np.argsort(-similarity, axis=1)
         prior = self._prior_array()
-        best = (-1.0, self.bandwidth, self.neighbours, self.shrink)
+        best = (-1.0, self.bandwidth, self.neighbours, self.median, self.shrink)
         for neighbours in NEIGHBOURS:
             k = min(neighbours, len(order) - 1)
             near = order[:, :k]
             sims = np.take_along_axis(similarity, near, axis=1)
             for bandwidth in BANDWIDTHS:
                 weights = _kernel_weights(sims, bandwidth)
-                kernel = np.einsum("nk,nkle->nle", weights, self.shares[near])
-                for shrink in SHRINKS:
-                    accuracy = float(
-                        load_accuracy((1 - shrink) * kernel + shrink * prior, self.shares).mean()
-                    )
-                    self.validation[f"bandwidth={bandwidth} neighbours={neighbours} shrink={shrink}"] = (
-                        accuracy
-                    )
-                    if accuracy > best[0]:
-                        best = (accuracy, bandwidth, neighbours, shrink)
-        _, self.bandwidth, self.neighbours, self.shrink = best
+                mean = np.einsum("nk,nkle->nle", weights, self.shares[near])
+                middle = weighted_median_shares(weights, self.shares[near])
+                for median in medians:
+                    kernel = (1 - median) * mean + median * middle
+                    for shrink in SHRINKS:
+                        accuracy = float(
+                            load_accuracy((1 - shrink) * kernel + shrink * prior, self.shares).mean()
+                        )
+                        setting = (
+                            f"bandwidth={bandwidth} neighbours={neighbours} median={median} shrink={shrink}"
+                        )
+                        self.validation[setting] = accuracy
+                        if accuracy > best[0]:
+                            best = (accuracy, bandwidth, neighbours, median, shrink)
+        _, self.bandwidth, self.neighbours, self.median, self.shrink = best
 
     def predict_array(self, vector: np.ndarray) -> np.ndarray:
         """One raw (uncentred) embedding -> [L, E] predicted shares."""
         prior = self._prior_array()
         if not len(self.shares):
             return prior
-        similarity = self.vectors @ self._centred(vector)
+        similarity = self.vectors @ self.centred(vector)
         near = np.argsort(-similarity)[: self.neighbours]
         weights = _kernel_weights(similarity[near], self.bandwidth)
-        kernel = np.tensordot(weights, self.shares[near], axes=1)
+        kernel = _combine(weights[None], self.shares[near][None], self.median)[0]
         return (1 - self.shrink) * kernel + self.shrink * prior
 
     def predict(self, prompt: str, vector: np.ndarray | None = None) -> dict[int, np.ndarray]:
@@ -140,9 +176,9 @@ class KernelNeighbours:
         row = np.stack([shares[i] for i in sorted(shares)])[None]
         if not len(self.shares):
             self.centre = np.zeros(len(raw), np.float32)
-            self.vectors, self.shares = self._centred(raw)[None], row
+            self.vectors, self.shares = self.centred(raw)[None], row
             return
-        self.vectors = np.vstack([self.vectors, self._centred(raw)[None]])
+        self.vectors = np.vstack([self.vectors, self.centred(raw)[None]])
         self.shares = np.concatenate([self.shares, row])
 
 

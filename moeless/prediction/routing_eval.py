@@ -151,6 +151,7 @@ def evaluate_routing(
             extra["settings"] = {
                 "bandwidth": kernel.bandwidth,
                 "neighbours": kernel.neighbours,
+                "median": kernel.median,
                 "shrink": kernel.shrink,
                 "leave_one_out_load_accuracy": max(kernel.validation.values(), default=None),
             }

@@ -14,7 +14,7 @@ from moeless.cli.cmd_predict_routing import ROUTING_METHODS as CLI_METHODS
 from moeless.cli.main import cli
 from moeless.prediction.crosslayer import CrossLayerModel, TransitionTable
 from moeless.prediction.predictors import FrequencyPrior
-from moeless.prediction.prompt_predictors import KernelNeighbours
+from moeless.prediction.prompt_predictors import KernelNeighbours, weighted_median_shares
 from moeless.prediction.routing_eval import ROUTING_METHODS, evaluate_routing, split_by_request
 from moeless.prediction.routing_file import load_routing, load_routing_or_trace
 from moeless.prediction.trace import TraceError
@@ -117,7 +117,7 @@ def test_prompt_predictors_on_two_topics(routing):
     # and both prompt methods find the topic: every predicted expert lies in the right half
     assert kernel["mean"]["load_accuracy"] > 0.9 and sps["mean"]["load_accuracy"] > 0.9
     assert kernel["mean"]["load_accuracy"] >= sps["mean"]["load_accuracy"] - 0.01
-    assert set(kernel["settings"]) >= {"bandwidth", "neighbours", "shrink"}
+    assert set(kernel["settings"]) >= {"bandwidth", "neighbours", "median", "shrink"}
     assert len(kernel["layers"]) == 3  # load-level methods are scored on every layer
 
 
@@ -141,6 +141,35 @@ def test_kernel_shrinks_towards_the_prior_when_neighbours_mislead():
     prior = FrequencyPrior({0: shares[:, 0].sum(axis=0)})
     kernel = KernelNeighbours(BagOfWords(), prior).fit([f"word{i} common" for i in range(30)], shares)
     assert kernel.shrink > 0
+
+
+def test_weighted_median_ignores_an_outlying_neighbour():
+    # given three neighbours: two agree on expert 0 carrying 0.6, one (lightly weighted) puts all on 3
+    shares = np.array([[0.6, 0.2, 0.2, 0.0], [0.6, 0.2, 0.1, 0.1], [0.0, 0.0, 0.0, 1.0]])[None, :, None]
+    weights = np.array([[0.4, 0.3, 0.3]])
+    median = weighted_median_shares(weights, shares)[0, 0]
+    # the per-expert medians are 0.6, 0.2, 0.1, 0.1 (already summing to 1); the mean would give 0.3 to 3
+    np.testing.assert_allclose(median, [0.6, 0.2, 0.1, 0.1])
+    # and a lone neighbour is its own median
+    np.testing.assert_allclose(weighted_median_shares(np.ones((1, 1)), shares[:, :1])[0, 0], shares[0, 0, 0])
+
+
+def test_kernel_chooses_the_median_when_neighbours_carry_outliers():
+    # given two topics whose requests share their topic's routing, except outliers
+    # on a random expert (one in five): leave-one-out should weight the median, which the outliers cannot move
+    rng = np.random.default_rng(1)
+    prompts, rows = [], []
+    for i in range(48):
+        topic = i % 2
+        row = np.eye(E)[[topic * 4, topic * 4 + 1]].mean(axis=0)
+        if i % 5 == 4:
+            row = np.eye(E)[rng.integers(E)]
+        prompts.append(f"{('alpha', 'beta')[topic]} question {i}")
+        rows.append(row[None])
+    shares = np.stack(rows)
+    prior = FrequencyPrior({0: shares[:, 0].sum(axis=0)})
+    kernel = KernelNeighbours(BagOfWords(), prior).fit(prompts, shares)
+    assert kernel.median > 0
 
 
 def test_crosslayer_uses_earlier_layers_the_table_cannot_see():
