@@ -139,7 +139,7 @@ class KernelNeighbours:
             for bandwidth in BANDWIDTHS:
                 weights = _kernel_weights(sims, bandwidth)
                 mean = np.einsum("nk,nkle->nle", weights, self.shares[near])
-                middle = weighted_median_shares(weights, self.shares[near])
+                middle = weighted_median_shares(weights, self.shares[near]) if any(medians) else mean
                 for median in medians:
                     kernel = (1 - median) * mean + median * middle
                     for shrink in SHRINKS:
