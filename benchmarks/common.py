@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from moeless.model.training import TrainSpec, trained_model
 
+if TYPE_CHECKING:
+    from moeless.prediction.trace import Trace
+
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
+GPTOSS_ROUTING = SHARED / "routing" / "gptoss20b_decode.npz"
 
 
 def load_prompts(count: int) -> list[str]:
@@ -23,6 +29,15 @@ def load_prompts(count: int) -> list[str]:
     else:
         prompts = list(DEMO_PROMPTS)
     return [prompts[i % len(prompts)] for i in range(count)]
+
+
+def load_gptoss_routing() -> Trace:
+    """gpt-oss-20b's per-token routing (../shared/data/routing/gptoss20b_decode.*); exits without it."""
+    from moeless.prediction.routing_file import load_routing
+
+    if not GPTOSS_ROUTING.is_file():
+        sys.exit(f"needs {GPTOSS_ROUTING} (the project's shared data)")
+    return load_routing(GPTOSS_ROUTING)
 
 
 def bench_model() -> Path:

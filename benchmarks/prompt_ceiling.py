@@ -19,10 +19,9 @@ Takes about a minute.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import numpy as np
+from common import GPTOSS_ROUTING, load_gptoss_routing
 
 from moeless.prediction.predictors import Embedder, FrequencyPrior
 from moeless.prediction.prompt_predictors import (
@@ -30,25 +29,13 @@ from moeless.prediction.prompt_predictors import (
     NEIGHBOURS,
     SHRINKS,
     KernelNeighbours,
+    kernel_regression,
     load_accuracy,
     shares_by_request,
 )
 from moeless.prediction.routing_eval import split_by_request
-from moeless.prediction.routing_file import load_routing
 
-ROUTING = (
-    Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "routing" / "gptoss20b_decode.npz"
-)
 BETAS = (0.05, 0.1, 0.2, 0.4)
-
-
-def _kernel(similarity: np.ndarray, shares: np.ndarray, neighbours: int, bandwidth: float) -> np.ndarray:
-    """[q, n] similarities, shares [n, L, E] -> [q, L, E] softmax-kernel means of the nearest."""
-    near = np.argsort(-similarity, axis=1)[:, :neighbours]
-    sims = np.take_along_axis(similarity, near, axis=1)
-    weights = np.exp((sims - sims[:, :1]) / bandwidth)
-    weights /= weights.sum(axis=1, keepdims=True)
-    return np.einsum("qk,qkle->qle", weights, shares[near])
 
 
 def _length_oracle(
@@ -67,14 +54,14 @@ def _length_oracle(
         similarity = cosine - beta * np.abs(train_length[:, None] - train_length[None])
         for neighbours in NEIGHBOURS:
             for bandwidth in BANDWIDTHS:
-                kernel = _kernel(similarity, train_shares, neighbours, bandwidth)
+                kernel = kernel_regression(similarity, train_shares, neighbours, bandwidth)
                 for shrink in SHRINKS:
                     score = load_accuracy((1 - shrink) * kernel + shrink * prior, train_shares).mean()
                     if score > best[0]:
                         best = (score, beta, neighbours, bandwidth, shrink)
     _, beta, neighbours, bandwidth, shrink = best
     similarity = test_vectors @ train_vectors.T - beta * np.abs(test_length[:, None] - train_length[None])
-    return (1 - shrink) * _kernel(similarity, train_shares, neighbours, bandwidth) + shrink * prior
+    return (1 - shrink) * kernel_regression(similarity, train_shares, neighbours, bandwidth) + shrink * prior
 
 
 def main() -> None:
@@ -82,15 +69,14 @@ def main() -> None:
     parser.add_argument("--splits", type=int, default=5)
     parser.add_argument("--test-fraction", type=float, default=0.3)
     args = parser.parse_args()
-    if not ROUTING.is_file():
-        sys.exit(f"needs {ROUTING} (the project's shared data)")
-    trace = load_routing(ROUTING)
+    trace = load_gptoss_routing()
     requests = np.array(sorted(p["request"] for p in trace.prompts))
     prompts = {p["request"]: p["prompt"] for p in trace.prompts}
     vectors = dict(zip(requests.tolist(), Embedder()([prompts[int(r)] for r in requests]), strict=True))
     log_length = {int(r): float(np.log(max((trace.request == r).sum(), 1))) for r in requests}
     print(
-        f"{ROUTING.name}: {len(requests)} requests, {args.splits} splits, test fraction {args.test_fraction}"
+        f"{GPTOSS_ROUTING.name}: {len(requests)} requests, {args.splits} splits, "
+        f"test fraction {args.test_fraction}"
     )
     print(
         f"{'seed':>4} | {'prior':>6} {'kernel':>6} {'mean only':>9} {'+length oracle':>14} | "
@@ -116,7 +102,8 @@ def main() -> None:
             np.array([log_length[int(r)] for r in test]),
         )
         oracle = _length_oracle(train_vectors, test_vectors, train_shares, lengths, prior)
-        guessed = _kernel(test_vectors @ train_vectors.T, lengths[0][:, None, None], 16, 0.1)[:, 0, 0]
+        similarity = test_vectors @ train_vectors.T
+        guessed = kernel_regression(similarity, lengths[0][:, None, None], 16, 0.1)[:, 0, 0]
         r2 = 1 - ((guessed - lengths[1]) ** 2).mean() / lengths[1].var()
         scores = [load_accuracy(p, test_shares).mean() for p in (prior[None], predicted, means, oracle)]
         rows.append(scores)

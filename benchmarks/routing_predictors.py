@@ -14,16 +14,11 @@ Takes about 10 minutes on 2 busy cores (the cross-layer networks: 23 pairs per d
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
+
+from common import GPTOSS_ROUTING, load_gptoss_routing
 
 from moeless.prediction.predictors import Embedder
 from moeless.prediction.routing_eval import evaluate_routing
-from moeless.prediction.routing_file import load_routing
-
-ROUTING = (
-    Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "routing" / "gptoss20b_decode.npz"
-)
 
 
 def main() -> None:
@@ -31,12 +26,10 @@ def main() -> None:
     parser.add_argument("--test-fraction", type=float, default=0.3)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    if not ROUTING.is_file():
-        sys.exit(f"needs {ROUTING} (the project's shared data)")
-    trace = load_routing(ROUTING)
+    trace = load_gptoss_routing()
     embedder = Embedder()
     print(
-        f"{ROUTING.name}: {len(trace.prompts)} requests, {len(trace.request)} tokens, "
+        f"{GPTOSS_ROUTING.name}: {len(trace.prompts)} requests, {len(trace.request)} tokens, "
         f"test fraction {args.test_fraction}"
     )
     print(

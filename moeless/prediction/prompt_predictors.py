@@ -62,10 +62,18 @@ def weighted_median_shares(weights: np.ndarray, shares: np.ndarray) -> np.ndarra
     return np.where(totals > 0, median / np.maximum(totals, 1e-12), 1.0 / shares.shape[-1])
 
 
-def _combine(weights: np.ndarray, shares: np.ndarray, median: float) -> np.ndarray:
-    """weights [q, k], neighbours' shares [q, k, L, E] -> [q, L, E]: mean and median blended."""
-    mean = np.einsum("qk,qkle->qle", weights, shares)
-    return mean if median == 0 else (1 - median) * mean + median * weighted_median_shares(weights, shares)
+def kernel_regression(
+    similarity: np.ndarray, shares: np.ndarray, neighbours: int, bandwidth: float, median: float = 0.0
+) -> np.ndarray:
+    """Similarities [q, n] to the indexed requests, their shares [n, L, E] -> [q, L, E]: the softmax
+    kernel over the ``neighbours`` most similar, their mean and median blended by ``median``."""
+    near = np.argsort(-similarity, axis=1)[:, :neighbours]
+    weights = _kernel_weights(np.take_along_axis(similarity, near, axis=1), bandwidth)
+    neighbour_shares = shares[near]
+    mean = np.einsum("qk,qkle->qle", weights, neighbour_shares)
+    if median == 0:
+        return mean
+    return (1 - median) * mean + median * weighted_median_shares(weights, neighbour_shares)
 
 
 class KernelNeighbours:
@@ -159,10 +167,8 @@ class KernelNeighbours:
         prior = self._prior_array()
         if not len(self.shares):
             return prior
-        similarity = self.vectors @ self.centred(vector)
-        near = np.argsort(-similarity)[: self.neighbours]
-        weights = _kernel_weights(similarity[near], self.bandwidth)
-        kernel = _combine(weights[None], self.shares[near][None], self.median)[0]
+        similarity = (self.vectors @ self.centred(vector))[None]
+        kernel = kernel_regression(similarity, self.shares, self.neighbours, self.bandwidth, self.median)[0]
         return (1 - self.shrink) * kernel + self.shrink * prior
 
     def predict(self, prompt: str, vector: np.ndarray | None = None) -> dict[int, np.ndarray]:
