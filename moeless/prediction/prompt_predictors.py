@@ -144,10 +144,11 @@ class KernelNeighbours:
             k = min(neighbours, len(order) - 1)
             near = order[:, :k]
             sims = np.take_along_axis(similarity, near, axis=1)
+            neighbour_shares = self.shares[near]
             for bandwidth in BANDWIDTHS:
                 weights = _kernel_weights(sims, bandwidth)
-                mean = np.einsum("nk,nkle->nle", weights, self.shares[near])
-                middle = weighted_median_shares(weights, self.shares[near]) if any(medians) else mean
+                mean = np.einsum("nk,nkle->nle", weights, neighbour_shares)
+                middle = weighted_median_shares(weights, neighbour_shares) if any(medians) else mean
                 for median in medians:
                     kernel = (1 - median) * mean + median * middle
                     for shrink in SHRINKS:
