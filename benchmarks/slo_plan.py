@@ -20,6 +20,9 @@ to the rate, the first WINDOW seconds):
    with every function at one uniform provisioned concurrency (0, 1, 2), replayed on the held-out
    trace; the cheapest that meets the SLO.
 
+Every replay on the held-out trace starts after a quiet, as the optimiser judges on the planning
+trace: nothing warm but what the plan keeps warm (not the deployment's one-off warm-up pass).
+
 With ``--prefill-chunks`` the optimiser also chooses the engine's prefill chunk (0: whole prompts,
 the default and the only choice without it); each plan is replayed with the chunk it was sized
 with, the uniform levels too.
@@ -108,9 +111,10 @@ def one_case(
     floor = lambda_floor_ms(deployment, memory[0])
 
     def replay(plan: Any, chunk: int | None) -> dict[str, Any]:
+        """The plan on the held-out trace after a quiet, as the optimiser judges."""
         chunked = replace(deployment, prefill_chunk=chunk)
         result = simulate_policy(
-            "moeless", chunked, routing, held_out, window_s, plan=plan, warm_up=True, timeline=False
+            "moeless", chunked, routing, held_out, window_s, plan=plan, warm_up=False, timeline=False
         )
         return summary_of(result)
 

@@ -185,6 +185,16 @@ class LevelClock:
         last[:level] = [now] * level
         return idle
 
+    def in_use(self, function: str, now: float) -> int:
+        """How many of ``function``'s levels were used within the idle timeout (an invoke at level
+        j uses 1..j, so they are the lowest ones)."""
+        return sum(now - t <= self.idle_timeout_s for t in self._last.get(function, ()))
+
+    def all_in_use(self, now: float) -> dict[str, int]:
+        """:meth:`in_use` of every function with a level in use."""
+        counts = {name: self.in_use(name, now) for name in self._last}
+        return {name: n for name, n in counts.items() if n}
+
     def warmed(self, function: str, levels: int, now: float) -> None:
         """``levels`` environments of ``function`` were just warmed (a warm-up pass)."""
         last = self._last.setdefault(function, [])
@@ -217,23 +227,74 @@ class Hysteresis:
 
 @dataclass
 class _Forecast:
+    """One function's forecaster state, per level: the short memory's means, and the long memory's
+    decayed sums and the decayed count of windows they hold (their mean is sum / weight)."""
+
     busy_per_s: list[float] = field(default_factory=list)
     cold_per_s: list[float] = field(default_factory=list)
+    long_busy: list[float] = field(default_factory=list)
+    long_cold: list[float] = field(default_factory=list)
+    weight: float = 0.0
+
+    def fold(self, busy: list[float], cold: list[float], smoothing: float, decay: float) -> None:
+        """Fold one window's rates (per level, per second) into both memories; pads ``busy`` and
+        ``cold`` with zeros to the levels known."""
+        known = len(self.busy_per_s)
+        levels = max(known, len(busy))
+        busy.extend([0.0] * (levels - len(busy)))
+        cold.extend([0.0] * (levels - len(cold)))
+        self.busy_per_s += busy[known:]  # a level's short memory starts at its first window
+        self.cold_per_s += cold[known:]
+        self.long_busy.extend([0.0] * (levels - known))
+        self.long_cold.extend([0.0] * (levels - known))
+        for index in range(levels):
+            self.busy_per_s[index] += smoothing * (busy[index] - self.busy_per_s[index])
+            self.cold_per_s[index] += smoothing * (cold[index] - self.cold_per_s[index])
+            self.long_busy[index] = decay * self.long_busy[index] + busy[index]
+            self.long_cold[index] = decay * self.long_cold[index] + cold[index]
+        self.weight = decay * self.weight + 1.0
+
+
+LONG_MEMORY_S = 1800.0  # the re-planner's long memory: a window's weight halves every 30 minutes
 
 
 class ForecastReplanner:
     """Re-sizes each function's warmth every window from a forecast of the next one.
 
-    The forecaster, per function and level: an exponentially weighted mean of the busy seconds and
-    the idle-past-timeout invokes per second over past windows (weight ``smoothing`` on the
-    newest), held up to the newest window's value when that is higher (a rising burst is met at
-    once). The forecast demand for one window is sized by :func:`provisioned_for` at the plan's
-    price of a cold start, so a re-plan and the plan it started from answer the same question.
+    The forecaster, per function and level, of the busy seconds and the idle-past-timeout invokes
+    per second, is the highest of three:
+
+    * the newest window (a rising burst is met at once);
+    * a short memory: an exponentially weighted mean over windows, weight ``smoothing`` on the
+      newest (a burst that passes is let go within minutes);
+    * a long memory: the mean over the past hours, each window's weight halving every
+      ``memory_s`` seconds (normalised by the weights, so it is a mean from the first window on).
+
+    The long memory is what thin traffic needs. Each arriving request's prefill touches every
+    function, and a level that requests minutes apart each find idle past the timeout needs
+    warming at the rate requests arrive, not at the rate of the last window: a quiet window
+    between two requests says nothing about the next one. With the short memory alone the
+    forecast decayed in every gap, the levels were let go, and the next request met cold
+    functions at every layer. On a steady stream the long memory's decision is the static plan's
+    (the same rule on the same rate); over hours it follows the traffic down.
+
+    Until the forecaster has watched ``memory_s`` seconds, it proposes no less than the plan it
+    started from. That plan was sized on a whole trace; a few minutes of windows say less (the
+    deployment's warm-up pass even hides the first use of every level), and a level let go too
+    early costs a cold start at every layer of the next request.
+
+    The forecast demand for one window is sized by :func:`provisioned_for` at the plan's price of
+    a cold start, so a re-plan and the plan it started from answer the same question.
 
     :class:`Hysteresis` lets increases through at once and a decrease only once it was proposed
     ``down_after`` windows in a row: provisioned concurrency is billed in 5-minute steps and takes
     minutes to be ready, so one quiet window must not drop what the next burst needs. A re-plan
-    never drops a provisioned environment that is serving an invoke (``in_flight``).
+    never drops a provisioned environment that is in use (``in_use``): serving an invoke, or at a
+    level used within the idle timeout. On-demand Lambda keeps such a level warm only once an
+    on-demand environment exists, so removing its provisioned one makes the level's next invoke a
+    cold start on the request path, one the demand never counts (the level was not idle): at
+    thin traffic that is every function at once. A provisioned level goes once it has been idle
+    past the timeout, where its next use would be cold anyway and is counted as demand.
     """
 
     def __init__(
@@ -244,55 +305,58 @@ class ForecastReplanner:
         smoothing: float = 0.5,
         down_after: int = 3,
         prices: LambdaPrices = PRICES,
+        memory_s: float | None = LONG_MEMORY_S,
     ) -> None:
         self.memory_mb = memory_mb
         self.usd_per_cold_start = usd_per_cold_start
         self.ping_usd_per_s = ping_usd_per_s
         self.smoothing = smoothing
+        self.memory_s = memory_s  # None: no long memory (the short one alone)
         self.prices = prices
         self.hysteresis = Hysteresis(up_after=1, down_after=down_after)
         self._forecast: dict[str, _Forecast] = {}
+        self._planned: dict[str, Warmth] | None = None  # the warmth of the first re-plan's plan
+        self._watched_s = 0.0
 
     @classmethod
     def from_plan(cls, plan: Plan) -> ForecastReplanner | None:
         """The re-planner a sized plan asks for in ``params["replan"]`` (``None``: it has none).
 
         Keys: ``interval_s``, ``usd_per_cold_start`` (``null``: infinite), ``ping_usd_per_s``
-        (``null``: provisioned concurrency only), ``smoothing``, ``down_after``."""
+        (``null``: provisioned concurrency only), ``smoothing``, ``down_after``, ``memory_s`` (the
+        long memory's half-life; ``null``: none)."""
         params = plan.params.get("replan")
         if not isinstance(params, dict):
             return None
         price = params.get("usd_per_cold_start")
         ping = params.get("ping_usd_per_s")
+        memory = params.get("memory_s", LONG_MEMORY_S)
         return cls(
             {f.name: f.memory_mb for f in plan.functions},
             math.inf if price is None else float(price),
             None if ping is None else float(ping),
             float(params.get("smoothing", 0.5)),
             int(params.get("down_after", 3)),
+            memory_s=None if memory is None else float(memory),
         )
 
     def forecast(self, window: dict[str, LevelDemand], window_s: float) -> dict[str, LevelDemand]:
         """Fold one window into the forecast; returns the demand expected in the next window."""
+        decay = 0.0 if self.memory_s is None else 0.5 ** (window_s / self.memory_s)
         expected = {}
         for name in set(self._forecast) | set(window):
             state = self._forecast.setdefault(name, _Forecast())
             seen = window.get(name, LevelDemand())
-            levels = max(len(state.busy_per_s), len(seen.busy_s))
+            busy = [b / window_s for b in seen.busy_s]
+            cold = [c / window_s for c in seen.cold_starts]
+            state.fold(busy, cold, self.smoothing, decay)
             demand = LevelDemand()
-            for index in range(levels):
-                busy = seen.busy_s[index] / window_s if index < len(seen.busy_s) else 0.0
-                cold = seen.cold_starts[index] / window_s if index < len(seen.cold_starts) else 0.0
-                if index < len(state.busy_per_s):
-                    old_busy, old_cold = state.busy_per_s[index], state.cold_per_s[index]
-                    state.busy_per_s[index] = (1 - self.smoothing) * old_busy + self.smoothing * busy
-                    state.cold_per_s[index] = (1 - self.smoothing) * old_cold + self.smoothing * cold
-                else:
-                    state.busy_per_s.append(busy)
-                    state.cold_per_s.append(cold)
+            for index in range(len(state.busy_per_s)):
+                long_busy = state.long_busy[index] / state.weight if self.memory_s else 0.0
+                long_cold = state.long_cold[index] / state.weight if self.memory_s else 0.0
                 demand.invokes.append(0.0)
-                demand.busy_s.append(max(busy, state.busy_per_s[index]) * window_s)
-                demand.cold_starts.append(max(cold, state.cold_per_s[index]) * window_s)
+                demand.busy_s.append(max(busy[index], state.busy_per_s[index], long_busy) * window_s)
+                demand.cold_starts.append(max(cold[index], state.cold_per_s[index], long_cold) * window_s)
             expected[name] = demand
         return expected
 
@@ -301,11 +365,15 @@ class ForecastReplanner:
         window: dict[str, LevelDemand],
         window_s: float,
         current: dict[str, Warmth],
-        in_flight: dict[str, int] | None = None,
+        in_use: dict[str, int] | None = None,
     ) -> dict[str, Warmth]:
         """The warmth of every function in ``current`` for the next window (see the class doc)."""
         expected = self.forecast(window, window_s)
-        busy_now = in_flight or {}
+        busy_now = in_use or {}
+        if self._planned is None:
+            self._planned = dict(current)
+        self._watched_s += window_s
+        learning = self.memory_s is not None and self._watched_s < self.memory_s
         chosen = {}
         for name, now in current.items():
             memory = self.memory_mb.get(name, 1769)
@@ -318,6 +386,11 @@ class ForecastReplanner:
                 self.prices,
                 ping,
             )
+            if learning:  # the plan it started from holds until one long memory has been watched
+                start = self._planned.get(name, Warmth())
+                proposal = Warmth(
+                    max(proposal.provisioned, start.provisioned), max(proposal.keep_warm, start.keep_warm)
+                )
             provisioned = self.hysteresis.admit(f"{name}/provisioned", now.provisioned, proposal.provisioned)
             provisioned = max(provisioned, min(now.provisioned, busy_now.get(name, 0)))
             kept = self.hysteresis.admit(f"{name}/keep_warm", now.keep_warm, proposal.keep_warm)

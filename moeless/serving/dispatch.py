@@ -166,10 +166,15 @@ class LambdaDispatcher:
             return slices
 
     def take_demand(self) -> tuple[dict[str, LevelDemand], dict[str, int]]:
-        """The demand by level since the last call (and forget it), and the invokes in flight now."""
+        """The demand by level since the last call (and forget it), and each function's
+        environments in use now: invokes in flight, or levels used within the idle timeout."""
+        now = time.monotonic()
         with self._lock:
             demand, self._demand = self._demand, {}
-            return demand, {name: n for name, n in self._invokes_in_flight.items() if n}
+            in_use = self._levels.all_in_use(now)
+            for name, n in self._invokes_in_flight.items():
+                in_use[name] = max(in_use.get(name, 0), n)
+            return demand, {name: n for name, n in in_use.items() if n}
 
     def warm(self, function: str, layer: int, expert: int) -> None:
         """A warm-up invoke (one zero row), off the request path; counted apart from serving invokes."""

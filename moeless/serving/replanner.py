@@ -160,9 +160,9 @@ class Replanner:
     ) -> list[Change]:
         now = self.clock()
         window_s, self._last_step = max(now - self._last_step, 1e-3), now
-        window, in_flight = demand()
+        window, in_use = demand()
         current = {f.name: Warmth(f.provisioned_concurrency, f.keep_warm) for f in self.plan.functions}
-        proposed = with_concurrency(self.plan, forecaster.update(window, window_s, current, in_flight))
+        proposed = with_concurrency(self.plan, forecaster.update(window, window_s, current, in_use))
         changes = [c for c in plan_changes(self.client, proposed, self.alias) if c.setting == "provisioned"]
         apply_changes(self.client, changes, self.alias)
         self.plan = proposed

@@ -485,11 +485,11 @@ class Simulator:
         """One re-plan of the forecasting re-planner over the window just ended."""
         assert self.reprovision is not None
         current = {f.name: Warmth(f.provisioned_concurrency, f.keep_warm) for f in self.plan.functions}
-        in_flight = {
-            name: sum(t > now for t in function.provisioned_free_at)
+        in_use = {  # serving an invoke, or at a level used within the idle timeout
+            name: max(sum(t > now for t in function.provisioned_free_at), self._levels.in_use(name, now))
             for name, function in self.functions.items()
         }
-        warmth = self.reprovision.update(self._window_demand, window_s, current, in_flight)
+        warmth = self.reprovision.update(self._window_demand, window_s, current, in_use)
         self._window_demand = {}
         if warmth != current:
             self._apply(with_concurrency(self.plan, warmth), now)

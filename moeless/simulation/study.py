@@ -37,8 +37,9 @@ def run_study(
     Args:
         describe: report header lines saying where the requests came from.
         prewarm: policy -> its predictor's measured pre-warming model (default ``PREDICTORS``).
-        plans: policy -> a plan it replays as it is (with the warm-up pass its params ask for),
-            rather than planning from the routing's loads.
+        plans: policy -> a plan it replays as it is (with the warm-up pass its params ask for, but
+            after a quiet where it was judged so: :func:`warm_up_replayed`), rather than planning
+            from the routing's loads.
     """
     from moeless.simulation.plots import write_plots
     from moeless.simulation.report import write_report
@@ -62,7 +63,7 @@ def run_study(
                     seed=seed,
                     timeline=plots,
                     plan=plan,
-                    warm_up=bool(plan is not None and plan.params.get("warm_up")),
+                    warm_up=plan is not None and warm_up_replayed(plan),
                 )
             )
         except SimulationError as exc:
@@ -87,3 +88,12 @@ def run_study(
     if not plots:
         return results, []
     return results, write_plots(results, out_dir, bin_s=max(1.0, duration_s / 30))
+
+
+def warm_up_replayed(plan: Plan) -> bool:
+    """Whether a replay of ``plan`` starts from the deployment's warm-up pass: where its params ask
+    for the pass, unless the replica optimiser judged it after a quiet (nothing warm but what it
+    keeps warm), which its replay then does too, so a plan is judged on any trace as it was sized."""
+    sizing = plan.params.get("sizing")
+    after_quiet = isinstance(sizing, dict) and bool(sizing.get("judged_after_quiet"))
+    return bool(plan.params.get("warm_up")) and not after_quiet

@@ -1,0 +1,111 @@
+"""The forecasting re-planner at thin traffic: does it keep what a static plan keeps?
+
+Usage:
+    .venv/bin/python benchmarks/replanner_thin.py                    # about 15 minutes here
+    .venv/bin/python benchmarks/replanner_thin.py --replay-window 7200   # two hours held out
+    .venv/bin/python benchmarks/replanner_thin.py --in-loop          # + sizing with it (~45 min more)
+
+DeepSeek-V3 as in ``slo_plan.py`` (OLMoE's routing on 256 experts, fp32 experts, batch 16,
+prefill chunks of 256 tokens). A provisioned-only plan is sized for p99 TPOT <= SLO x the Lambda
+floor on the first WINDOW seconds of the Azure 2023 code trace at RATE requests/s, then replayed
+on the conversation trace (held out, its first REPLAY-WINDOW seconds at the same rate), after a
+quiet as the optimiser judges (nothing warm but what the plan keeps warm):
+
+- ``static``: the plan as sized (the baseline of every ratio);
+- ``+ short memory``: the same plan with a re-planner every 60 s whose forecast is the newest
+  window and an exponentially weighted mean (weight 0.5), as the re-planner forecast before;
+- ``+ long memory``: the shipped forecaster (``ForecastReplanner``'s defaults: a 30-minute
+  half-life long memory, the plan held until one long memory is watched);
+- with ``--in-loop``: a plan sized with the shipped re-planner in the optimiser's loop
+  (``plan --replan-interval 60``) for the same SLO, if any meets it.
+
+Every re-planner prices a cold start as the plan was sized. Needs ``../shared/data``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from dataclasses import replace
+from typing import Any
+
+from slo_plan import setting, summary_of
+
+from moeless.planning.concurrency import LONG_MEMORY_S
+
+CHUNK = 256
+
+
+def with_replanner(plan: Any, usd_per_cold_start: float, memory_s: float | None) -> Any:
+    """``plan`` carrying a re-planner every 60 s, provisioned concurrency only."""
+    price = None if math.isinf(usd_per_cold_start) else usd_per_cold_start
+    replan = {"interval_s": 60.0, "usd_per_cold_start": price, "ping_usd_per_s": None, "smoothing": 0.5,
+              "down_after": 3, "memory_s": memory_s}  # fmt: skip
+    return replace(plan, params=plan.params | {"replan": replan})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--rate", type=float, default=0.05, help="requests/s of both traces")
+    parser.add_argument("--slo", type=float, default=1.5, help="p99 TPOT bound, in Lambda floors")
+    parser.add_argument("--window", type=float, default=1200.0, help="seconds of code planned on")
+    parser.add_argument("--replay-window", type=float, default=1200.0, help="seconds of conversations")
+    parser.add_argument("--in-loop", action="store_true", help="also size with the re-planner in the loop")
+    args = parser.parse_args()
+
+    from moeless.simulation.policies import simulate_policy
+    from moeless.simulation.sizing import (
+        Slo,
+        SloUnreachable,
+        default_memory_options,
+        lambda_floor_ms,
+        size_for_slo,
+    )
+
+    deployment, routing, planning = setting(args.rate, "code", args.window)
+    deployment = replace(deployment, prefill_chunk=CHUNK)
+    _, _, held_out = setting(args.rate, "conv", args.replay_window)
+    memory = default_memory_options(deployment)[:1]
+    floor = lambda_floor_ms(deployment, memory[0])
+    slo = Slo(args.slo * floor)
+    print(f"sizing the provisioned-only plan for {slo.describe()} ({args.slo:g}x the floor) on code ...")
+    sized = size_for_slo("moeless", deployment, routing, planning, args.window, slo, memory_options=memory,
+                         keep_warm=False)  # fmt: skip
+    price = sized.chosen.usd_per_cold_start
+    plans = {
+        "static": sized.chosen.plan,
+        "+ short memory": with_replanner(sized.chosen.plan, price, None),
+        "+ long memory": with_replanner(sized.chosen.plan, price, LONG_MEMORY_S),
+    }
+    if args.in_loop:
+        try:
+            looped = size_for_slo("moeless", deployment, routing, planning, args.window, slo,
+                                  memory_options=memory, keep_warm=False, replan_s=60.0)  # fmt: skip
+            plans["sized with it in the loop"] = looped.chosen.plan
+        except SloUnreachable as exc:
+            print(f"sized with the re-planner in the loop: {exc}")
+    rows = {}
+    for label, plan in plans.items():
+        print(f"replaying {label} on {len(held_out)} conversation requests ...")
+        result = simulate_policy("moeless", deployment, routing, held_out, args.replay_window, plan=plan,
+                                 warm_up=False, timeline=False)  # fmt: skip
+        rows[label] = summary_of(result) | {"replans": result.replans}
+    base = rows["static"]["usd_per_1k_requests"]
+    print(
+        f"\nDeepSeek-V3, chunks of {CHUNK}, {args.rate:g} req/s; planned on {args.window:g} s of code "
+        f"(a cold start priced ${price:g}), replayed on {args.replay_window:g} s of conversations"
+    )
+    print("| plan | met | completed | $/1k | x static | p99 TPOT / floor | cold starts | cold / invokes "
+          "| re-plans |")  # fmt: skip
+    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    for label, row in rows.items():
+        cost, met = row["usd_per_1k_requests"], "yes" if slo.met(row) else "no"
+        print(f"| {label} | {met} | {row['completed']}/{row['requests']} | {cost:.2f} | {cost / base:.2f} | "
+              f"{row['tpot_ms_p99'] / floor:.2f} | {row['cold_starts']} | "
+              f"{row['cold_starts'] / max(row['invokes'], 1):.3%} | {row['replans']} |")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
