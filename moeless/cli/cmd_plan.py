@@ -350,7 +350,8 @@ def _sized(
         f"(cold start priced at ${chosen.usd_per_cold_start:g})"
     )
     click.echo(
-        f"  simulated: ${summary['usd_per_1k_requests']:.2f} per 1k requests, p99 TPOT "
+        f"  simulated after a quiet (nothing warm but what the plan keeps warm): "
+        f"${summary['usd_per_1k_requests']:.2f} per 1k requests, p99 TPOT "
         f"{summary['tpot_ms_p99']:.1f} ms (Lambda floor {floor_ms:.1f}), p99 TTFT "
         f"{summary['ttft_ms_p99']:.1f} ms, cold starts {summary['cold_starts']} of "
         f"{summary['invokes']} invokes"
