@@ -369,7 +369,7 @@ class ForecastReplanner:
     ) -> dict[str, Warmth]:
         """The warmth of every function in ``current`` for the next window (see the class doc)."""
         expected = self.forecast(window, window_s)
-        busy_now = in_use or {}
+        using = in_use or {}
         if self._planned is None:
             self._planned = dict(current)
         self._watched_s += window_s
@@ -392,7 +392,7 @@ class ForecastReplanner:
                     max(proposal.provisioned, start.provisioned), max(proposal.keep_warm, start.keep_warm)
                 )
             provisioned = self.hysteresis.admit(f"{name}/provisioned", now.provisioned, proposal.provisioned)
-            provisioned = max(provisioned, min(now.provisioned, busy_now.get(name, 0)))
+            provisioned = max(provisioned, min(now.provisioned, using.get(name, 0)))
             kept = self.hysteresis.admit(f"{name}/keep_warm", now.keep_warm, proposal.keep_warm)
             chosen[name] = Warmth(provisioned, kept)
         return chosen

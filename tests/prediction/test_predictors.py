@@ -13,6 +13,7 @@ from moeless.cli.main import cli
 from moeless.prediction.evaluation import evaluate, routers_of, split_requests
 from moeless.prediction.predictors import FrequencyPrior, GateCopy, LayerAware, SimilarPromptSearch, hit_rate
 from moeless.prediction.trace import TraceError, load_trace, profile
+from tests.fakes import BagOfWords
 
 PROMPTS = [
     "The import statement searches for a module",
@@ -34,17 +35,6 @@ def trace(tiny, tmp_path_factory):
     out = tmp_path_factory.mktemp("trace")
     profile(model, PROMPTS, out, max_new_tokens=6, hidden_sample_rate=1.0, progress=False)
     return load_trace(out)
-
-
-class BagOfWords:
-    """A deterministic stand-in embedder: hashed word counts, normalised."""
-
-    def __call__(self, texts):
-        vectors = np.zeros((len(texts), 64), np.float32)
-        for i, text in enumerate(texts):
-            for word in text.lower().split():
-                vectors[i, hash(word) % 64] += 1
-        return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)
 
 
 def test_hit_rate_definition():

@@ -19,19 +19,9 @@ from moeless.prediction.routing_eval import ROUTING_METHODS, evaluate_routing, s
 from moeless.prediction.routing_file import load_routing, load_routing_or_trace
 from moeless.prediction.trace import TraceError
 from tests.conftest import SHARED_DATA
+from tests.fakes import BagOfWords
 
 E, K = 8, 2
-
-
-class BagOfWords:
-    """A deterministic stand-in embedder: hashed word counts, normalised."""
-
-    def __call__(self, texts):
-        vectors = np.zeros((len(texts), 64), np.float32)
-        for i, text in enumerate(texts):
-            for word in text.lower().split():
-                vectors[i, sum(map(ord, word)) % 64] += 1
-        return vectors / np.maximum(np.linalg.norm(vectors, axis=1, keepdims=True), 1e-9)
 
 
 def two_topics(requests: int = 40, tokens: int = 30, layers: int = 3, seed: int = 0):

@@ -10,7 +10,7 @@ import numpy as np
 from moeless.prediction.predictors import FrequencyPrior, SimilarPromptSearch, cover_set
 from moeless.serving.prewarm import SpsPrewarmer
 from moeless.serving.replanner import RollingLoads
-from tests.prediction.test_predictors import BagOfWords
+from tests.fakes import BagOfWords
 
 
 class Prior(FrequencyPrior):
