@@ -212,7 +212,8 @@ def _ping_usd(deployment: Deployment, memory_mb: int, span_s: float) -> float:
     return ping_cost_usd(span_s, memory_mb, KEEP_WARM_PING_S, ping_ms, model.prices)
 
 
-def _memory_for(deployment: Deployment, experts: int) -> int:
+def memory_for_experts(deployment: Deployment, experts: int) -> int:
+    """The smallest Lambda memory size that holds ``experts`` of the deployment's experts."""
     return deployment.model.function_memory_mb(deployment.expert_size().weight_bytes * experts)
 
 
@@ -334,7 +335,7 @@ def size_for_slo(
             )
 
         base = with_concurrency(plan_for_policy(policy, loads, variant), {})
-        memory_for = functools.partial(_memory_for, variant)
+        memory_for = functools.partial(memory_for_experts, variant)
         packed_by = {
             (n, 1): pack_across_layers(base, n, scores, memory_for) for n in packings or DEFAULT_PACKINGS
         } | {
