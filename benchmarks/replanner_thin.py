@@ -1,7 +1,7 @@
 """The forecasting re-planner at thin traffic: does it keep what a static plan keeps?
 
 Usage:
-    .venv/bin/python benchmarks/replanner_thin.py                    # about 15 minutes here
+    .venv/bin/python benchmarks/replanner_thin.py                    # about 25 minutes here
     .venv/bin/python benchmarks/replanner_thin.py --replay-window 7200   # two hours held out
     .venv/bin/python benchmarks/replanner_thin.py --in-loop          # + sizing with it (~45 min more)
 
