@@ -4,6 +4,7 @@ latency side by side, against the serverful fleet that holds the model."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import NamedTuple
 
 import click
 
@@ -101,7 +102,7 @@ def simulate(
     given = load_plan(plan_path) if plan_path else None
     if given is not None:
         names = ["static", given.policy]
-        expert_dtype, max_batch, context_tokens, prefill_chunk = _plan_deployment(
+        expert_dtype, max_batch, context_tokens, prefill_chunk = _SizedFor.of(
             given.params.get("deployment") or {}, expert_dtype, max_batch, context_tokens, prefill_chunk
         )
     shape, routing = shape_and_routing(trace_path, loads_path, model_spec, resample_experts, seed)
@@ -136,28 +137,38 @@ def simulate(
         click.echo("plots: " + ", ".join(str(p) for p in plots))
 
 
-def _plan_deployment(
-    recorded: dict, expert_dtype: str, max_batch: int, context_tokens: int, prefill_chunk: int | None
-) -> tuple[str, int, int, int | None]:
-    """A sized plan's expert dtype, batch, context and prefill chunk (what its functions and
-    concurrency were sized for) win over the options left at their defaults; an option given that
-    contradicts them is an error."""
-    from click.core import ParameterSource
+class _SizedFor(NamedTuple):
+    """What a sized plan's functions and concurrency were sized for (``params.deployment``)."""
 
-    context = click.get_current_context()
-    chosen: list[str | int | None] = []
-    for key, value in (
-        ("expert_dtype", expert_dtype),
-        ("max_batch", max_batch),
-        ("context_tokens", context_tokens),
-        ("prefill_chunk", prefill_chunk),
-    ):
-        planned = recorded.get(key, value)
-        if context.get_parameter_source(key) is not ParameterSource.DEFAULT and value != planned:
-            raise click.UsageError(f"the plan was sized for {key} {planned}, not {value}")
-        chosen.append(planned)
-    dtype, batch, planned_context, chunk = chosen
-    return str(dtype), int(batch or 0), int(planned_context or 0), int(chunk) if chunk else None
+    expert_dtype: str
+    max_batch: int
+    context_tokens: int
+    prefill_chunk: int | None
+
+    @classmethod
+    def of(
+        cls, recorded: dict, expert_dtype: str, max_batch: int, context_tokens: int, prefill_chunk: int | None
+    ) -> _SizedFor:
+        """The plan's recorded values win over the options left at their defaults; an option given
+        that contradicts them is an error."""
+        from click.core import ParameterSource
+
+        context = click.get_current_context()
+        given = {"expert_dtype": expert_dtype, "max_batch": max_batch, "context_tokens": context_tokens,
+                 "prefill_chunk": prefill_chunk}  # fmt: skip
+        chosen = {}
+        for key, value in given.items():
+            planned = recorded.get(key, value)
+            if context.get_parameter_source(key) is not ParameterSource.DEFAULT and value != planned:
+                raise click.UsageError(f"the plan was sized for {key} {planned}, not {value}")
+            chosen[key] = planned
+        chunk = chosen["prefill_chunk"]
+        return cls(
+            str(chosen["expert_dtype"]),
+            int(chosen["max_batch"] or 0),
+            int(chosen["context_tokens"] or 0),
+            int(chunk) if chunk else None,
+        )
 
 
 def _check_plan_model(recorded: dict, model: str) -> None:
