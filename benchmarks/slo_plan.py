@@ -175,7 +175,8 @@ def sweep_planning(case: dict[str, Any]) -> bool:
     from moeless.simulation.policies import plan_for_policy, simulate_policy
     from moeless.simulation.sizing import memory_for_experts, pair_scores
 
-    deployment, routing, planning = setting(case["rate"], case["plan_on"], case["window_s"])
+    window = case["window_s"]
+    deployment, routing, planning = setting(case["rate"], case["plan_on"], window)
     loads = routing.loads()
     swept: dict[tuple[Any, ...], dict[str, Any]] = {}
     added = False
@@ -194,7 +195,6 @@ def sweep_planning(case: dict[str, Any]) -> bool:
             swept[shape] = {}
             for level in UNIFORM_LEVELS:
                 uniform = with_concurrency(plan, {f.name: Warmth(level, 0) for f in plan.functions})
-                window = case["window_s"]
                 result = simulate_policy("moeless", variant, routing, planning, window, plan=uniform,
                                          warm_up=False, timeline=False)  # fmt: skip
                 swept[shape][str(level)] = summary_of(result)
@@ -241,14 +241,13 @@ def table(cases: list[dict[str, Any]]) -> str:
                 # an SLO out of reach on the planning trace has no plan (``plan`` refuses it): the
                 # fastest plan replayed is no sizing to hold against the brute force
                 ratio = f"{cost / brute[1]:.2f}" if brute and entry[name]["reachable"] else "-"
-                planned = entry[name]["planning"]["usd_per_1k_requests"]
+                row = entry[name]["planning"]
                 if name != "provisioned_only" or "uniform_planning" not in entry:
                     own = "-"
                 elif on_planning is None:
                     own = "none meets"
                 else:
-                    own = f"{on_planning[0]}: {planned / on_planning[1]:.2f}"
-                row = entry[name]["planning"]
+                    own = f"{on_planning[0]}: {row['usd_per_1k_requests'] / on_planning[1]:.2f}"
                 warmth = f"{row['provisioned']}, {row['keep_warm']}"
                 if row.get("prefill_chunk"):
                     warmth += f", chunk {row['prefill_chunk']}"
