@@ -23,7 +23,10 @@ to the rate, the first WINDOW seconds):
    ``plan`` refuses it: the fastest plan is replayed for what it shows, with no ratio.
 3. The same uniform levels on the planning trace: the optimiser against the brute force on the
    traffic it planned on, where no shift between traces plays a part (a case file written before
-   this sweep gets it on the next run).
+   this sweep gets it on the next run). The cheapest level there is the brute force sized with
+   what the optimiser knows; its held-out replay (from step 2) gives the last column: whether
+   that level meets the SLO held out, and each plan's held-out cost over its. Step 2's brute force
+   instead picks its level knowing the held-out trace.
 
 Every replay on the held-out trace starts after a quiet, as the optimiser judges on the planning
 trace: nothing warm but what the plan keeps warm (not the deployment's one-off warm-up pass).
@@ -220,8 +223,9 @@ def table(cases: list[dict[str, Any]]) -> str:
         "| reachable on planning | met on held-out "
         "| $/1k | x fleet | p99 TPOT / floor | cold starts / invokes | one-off $ "
         "| cheapest uniform level meeting the SLO ($/1k) | plan / brute force "
-        "| on the planning trace: cheapest uniform level, plan / it |",
-        "|---:|---|---:|---|---|---|---:|---:|---:|---:|---:|---|---:|---|",
+        "| on the planning trace: cheapest uniform level, plan / it "
+        "| that level held out: met, plan / it |",
+        "|---:|---|---:|---|---|---|---:|---:|---:|---:|---:|---|---:|---|---|",
     ]
     for case in cases:
         fleet = case["fleet"]["usd_per_1k_requests"]
@@ -242,12 +246,14 @@ def table(cases: list[dict[str, Any]]) -> str:
                 # fastest plan replayed is no sizing to hold against the brute force
                 ratio = f"{cost / brute[1]:.2f}" if brute and entry[name]["reachable"] else "-"
                 row = entry[name]["planning"]
-                if name != "provisioned_only" or "uniform_planning" not in entry:
-                    own = "-"
-                elif on_planning is None:
-                    own = "none meets"
-                else:
+                own = sized_alike = "-"
+                if "uniform_planning" in entry and on_planning is None:
+                    own = sized_alike = "none meets"
+                elif on_planning is not None:
                     own = f"{on_planning[0]}: {row['usd_per_1k_requests'] / on_planning[1]:.2f}"
+                    alike = entry["uniform"][on_planning[0]]
+                    verdict = "met" if met(alike, slo_ms) else "missed"
+                    sized_alike = f"{verdict}, {cost / alike['usd_per_1k_requests']:.2f}"
                 warmth = f"{row['provisioned']}, {row['keep_warm']}"
                 if row.get("prefill_chunk"):
                     warmth += f", chunk {row['prefill_chunk']}"
@@ -258,7 +264,7 @@ def table(cases: list[dict[str, Any]]) -> str:
                     f"| {shape} | {reachable} | {'yes' if met(held, slo_ms) else 'no'} "
                     f"| {cost:.2f} | {cost / fleet:.3f} | {held['tpot_ms_p99'] / case['floor_ms']:.2f} "
                     f"| {held['cold_starts'] / max(held['invokes'], 1):.3%} | {held['one_off_usd']:.2f} "
-                    f"| {brute_text} | {ratio} | {own} |"
+                    f"| {brute_text} | {ratio} | {own} | {sized_alike} |"
                 )
     return "\n".join(lines)
 
