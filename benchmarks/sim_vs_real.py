@@ -88,7 +88,7 @@ class BackboneFit:
     per_token_ms: float
     points: list[tuple[str, int, float]]  # (kind, tokens, ms)
     step_ms: float = 0.0  # the engine's own work per step beyond its forwards ...
-    sequence_ms: float = 0.0  # ... and per sequence of the step (measure_engine)
+    sequence_ms: float = 0.0  # ... and per sequence of the step
 
 
 class _TimedExperts:
@@ -150,68 +150,6 @@ def measure_backbone(
     points = [(kind, tokens, statistics.median(samples[n])) for n, (kind, tokens, _, _) in enumerate(cases)]
     per_token, overhead = np.polyfit([t for _, t, _ in points], [m for _, _, m in points], 1)
     return BackboneFit(float(overhead), float(max(per_token, 0.0)), points)
-
-
-class _TimedModel:
-    """A model whose calls are timed (the engine calls it holding the backbone lock)."""
-
-    def __init__(self, model: Any) -> None:
-        self._model = model
-        self.seconds = 0.0
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        try:
-            return self._model(*args, **kwargs)
-        finally:
-            self.seconds += time.perf_counter() - started
-
-
-def measure_engine(
-    artifacts: Path, manifest: Manifest, prompts: list[str], rounds: int = 3
-) -> tuple[float, float]:
-    """The engine's own work per step beyond its forwards (batch rebuild, sampling, detokenising,
-    events), ms: ``(per step, per sequence)``, fitted over the steps of batches of 1, 4 and 12
-    requests on the split model with in-process experts."""
-    from transformers import AutoTokenizer
-
-    from moeless.model.reference import eos_token_ids
-    from moeless.model.split import load_split_model
-    from moeless.serving.generation import GenerationEngine, SamplingParams
-
-    model = _TimedModel(load_split_model(artifacts, _TimedExperts(artifacts, manifest), manifest))
-    tokenizer = AutoTokenizer.from_pretrained(artifacts / "backbone", local_files_only=True)
-    engine = GenerationEngine(model, tokenizer, None, eos_token_ids(model._model), max_batch=MAX_BATCH)
-    rows: list[tuple[int, float]] = []  # (sequences, ms beyond the forwards)
-    step = engine._step
-
-    def step_timed(batch: list[Any]) -> None:
-        model.seconds = 0.0
-        started = time.perf_counter()
-        step(batch)
-        rows.append((len(batch), (time.perf_counter() - started - model.seconds) * 1e3))
-
-    setattr(engine, "_step", step_timed)  # noqa: B010
-    try:
-        for _ in range(rounds):
-            for count in (1, 4, 12):
-                sequences = [
-                    engine.submit(
-                        tokenizer(prompts[n % len(prompts)])["input_ids"],
-                        SamplingParams(MAX_TOKENS, temperature=0.0),
-                        lambda event: None,
-                    )
-                    for n in range(count)
-                ]
-                for sequence in sequences:
-                    sequence.done.wait()
-    finally:
-        engine.stop()
-    per_sequence, per_step = np.polyfit([n for n, _ in rows], [ms for _, ms in rows], 1)
-    return float(max(per_step, 0.0)), float(max(per_sequence, 0.0))
 
 
 @dataclass(frozen=True)

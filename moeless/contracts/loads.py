@@ -8,7 +8,6 @@ real routing statistics in ``../shared/data/routing``.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -86,16 +85,7 @@ def load_loads(path: Path) -> Loads:
     return loads_from_dict(data, str(path))
 
 
-def expected_active(share: np.ndarray, selections_per_step: float) -> np.ndarray:
-    """Probability that each expert is picked at least once in a step of ``selections_per_step`` picks."""
-    return 1.0 - np.power(np.clip(1.0 - share, 0.0, 1.0), max(selections_per_step, 0.0))
-
-
 def shares(counts: np.ndarray) -> np.ndarray:
     """Counts as fractions of the layer's selections (uniform when the layer saw nothing)."""
     total = float(counts.sum())
     return counts / total if total > 0 else np.full(len(counts), 1.0 / len(counts))
-
-
-def ceil_to_multiple(value: float, multiple: int) -> int:
-    return int(math.ceil(value / multiple) * multiple)
