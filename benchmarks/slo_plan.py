@@ -253,7 +253,8 @@ def table(cases: list[dict[str, Any]]) -> str:
                     own = f"{on_planning[0]}: {row['usd_per_1k_requests'] / on_planning[1]:.2f}"
                     alike = entry["uniform"][on_planning[0]]
                     verdict = "met" if met(alike, slo_ms) else "missed"
-                    sized_alike = f"{verdict}, {cost / alike['usd_per_1k_requests']:.2f}"
+                    held_ratio = cost / alike["usd_per_1k_requests"]
+                    sized_alike = f"{verdict}, {held_ratio:.2f}" if entry[name]["reachable"] else verdict
                 warmth = f"{row['provisioned']}, {row['keep_warm']}"
                 if row.get("prefill_chunk"):
                     warmth += f", chunk {row['prefill_chunk']}"
