@@ -3,7 +3,7 @@
 Usage:
     .venv/bin/python benchmarks/replanner_thin.py                    # about 25 minutes here
     .venv/bin/python benchmarks/replanner_thin.py --replay-window 7200   # two hours held out
-    .venv/bin/python benchmarks/replanner_thin.py --in-loop          # + sizing with it (~45 min more)
+    .venv/bin/python benchmarks/replanner_thin.py --in-loop          # + sizing with it (~90 min more)
 
 DeepSeek-V3 as in ``slo_plan.py`` (OLMoE's routing on 256 experts, fp32 experts, batch 16,
 prefill chunks of 256 tokens). A provisioned-only plan is sized for p99 TPOT <= SLO x the Lambda
@@ -91,18 +91,20 @@ def main() -> None:
         print(f"replaying {label} on {len(held_out)} conversation requests ...")
         result = simulate_policy("moeless", deployment, routing, held_out, args.replay_window, plan=plan,
                                  warm_up=False, timeline=False)  # fmt: skip
-        rows[label] = summary_of(result) | {"replans": result.replans}
+        provisioned = sum(f.provisioned_concurrency for f in plan.functions)
+        rows[label] = summary_of(result) | {"replans": result.replans, "provisioned": provisioned}
     base = rows["static"]["usd_per_1k_requests"]
     print(
         f"\nDeepSeek-V3, chunks of {CHUNK}, {args.rate:g} req/s; planned on {args.window:g} s of code "
         f"(a cold start priced ${price:g}), replayed on {args.replay_window:g} s of conversations"
     )
-    print("| plan | met | completed | $/1k | x static | p99 TPOT / floor | cold starts | cold / invokes "
-          "| re-plans |")  # fmt: skip
-    print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("| plan | provisioned at start | met | completed | $/1k | x static | p99 TPOT / floor "
+          "| cold starts | cold / invokes | re-plans |")  # fmt: skip
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for label, row in rows.items():
         cost, met = row["usd_per_1k_requests"], "yes" if slo.met(row) else "no"
-        print(f"| {label} | {met} | {row['completed']}/{row['requests']} | {cost:.2f} | {cost / base:.2f} | "
+        print(f"| {label} | {row['provisioned']} | {met} | {row['completed']}/{row['requests']} "
+              f"| {cost:.2f} | {cost / base:.2f} | "
               f"{row['tpot_ms_p99'] / floor:.2f} | {row['cold_starts']} | "
               f"{row['cold_starts'] / max(row['invokes'], 1):.3%} | {row['replans']} |")  # fmt: skip
 
