@@ -6,6 +6,8 @@ Usage:
     .venv/bin/python benchmarks/slo_plan.py --rates 0.05 --directions conv:code --prefill-chunks 0,256
     .venv/bin/python benchmarks/slo_plan.py --rates 0.05 --directions conv:code --prefill-chunks 256
     .venv/bin/python benchmarks/slo_plan.py --rates 0.02,0.1 --full-rates 0.02,0.1 --prefill-chunks 256 # 3 h
+    .venv/bin/python benchmarks/slo_plan.py --rates 0.02,0.05 --full-rates 0.02,0.05 --directions conv:code \
+        --prefill-chunks 256 --stall-bound    # about 50 minutes
 
 For DeepSeek-V3 (routing: OLMoE's on C4, carried onto 256 experts; fp32 experts; batch 16), the
 SLOs bound p99 TPOT: the goal's own 1.5 x the Lambda floor (MoE layers x (warm invoke + one
@@ -30,6 +32,10 @@ to the rate, the first WINDOW seconds):
 
 Every replay on the held-out trace starts after a quiet, as the optimiser judges on the planning
 trace: nothing warm but what the plan keeps warm (not the deployment's one-off warm-up pass).
+
+With ``--stall-bound`` every plan also meets the optimiser's stall bound (``plan --stall-bound``:
+p99 TPOT within the SLO for a full batch decoding beside a prefill chunk, every environment warm);
+its cases are written apart (``_stall``).
 
 With ``--prefill-chunks`` the optimiser also chooses the engine's prefill chunk (0: whole prompts,
 the default and the only choice without it); each plan is replayed with the chunk it was sized
@@ -82,10 +88,11 @@ def summary_of(result: Any) -> dict[str, Any]:
 
 
 def pick(points: list[Any], slo_ms: float) -> tuple[Any, bool]:
-    """The cheapest point meeting the SLO on the planning traffic, else the fastest (unreachable)."""
-    from moeless.simulation.sizing import fastest_completing
+    """The cheapest point meeting the SLO on the planning traffic (and the stall bound, where the
+    points were probed for it), else the fastest (unreachable)."""
+    from moeless.simulation.sizing import Slo, fastest_completing
 
-    feasible = [p for p in points if met(p.summary, slo_ms)]
+    feasible = [p for p in points if met(p.summary, slo_ms) and Slo(slo_ms).stall_met(p.stall_tpot_ms)]
     if feasible:
         return min(feasible, key=lambda p: (p.usd_per_1k, p.usd_per_cold_start)), True
     return min(points, key=fastest_completing), False
@@ -99,6 +106,7 @@ def one_case(
     factors: list[float],
     full: bool,
     chunks: list[int | None],
+    stall_bound: bool = False,
 ) -> dict[str, Any]:
     """One rate and direction: the frontier of each mode on the planning trace (every grid point,
     so each SLO's choice is the one ``plan --slo-tpot-ms`` makes), each SLO's choice replayed on
@@ -127,14 +135,15 @@ def one_case(
         return summary_of(result)
 
     case: dict[str, Any] = {"rate": rate, "plan_on": plan_on, "judge_on": judge_on, "window_s": window_s,
-                            "floor_ms": floor, "slos": {}}  # fmt: skip
+                            "floor_ms": floor, "stall_bound": stall_bound, "slos": {}}  # fmt: skip
     fleet = simulate_policy("static", deployment, routing, held_out, window_s, timeline=False)
     case["fleet"] = summary_of(fleet) | {"label": deployment.fleet.label()}
     modes = (("pinged", True), ("provisioned_only", False)) if full else (("pinged", True),)
     frontiers = {}
     for name, keep_warm in modes:
         sizing = size_for_slo("moeless", deployment, routing, planning, window_s, Slo(float("inf")),
-                              memory_options=memory, keep_warm=keep_warm, prefill_chunks=chunks)  # fmt: skip
+                              memory_options=memory, keep_warm=keep_warm, prefill_chunks=chunks,
+                              stall_bound=stall_bound)  # fmt: skip
         frontiers[name] = sizing.points
         case[f"frontier_{name}"] = [p.row() for p in sizing.points]
     replayed: dict[int, dict[str, Any]] = {}
@@ -229,6 +238,7 @@ def table(cases: list[dict[str, Any]]) -> str:
     ]
     for case in cases:
         fleet = case["fleet"]["usd_per_1k_requests"]
+        bounded = " (stall bound)" if case.get("stall_bound") else ""
         for factor, entry in case["slos"].items():
             slo_ms = entry["slo_tpot_ms"]
             brute = cheapest_met(entry.get("uniform", {}), slo_ms)
@@ -260,7 +270,7 @@ def table(cases: list[dict[str, Any]]) -> str:
                     warmth += f", chunk {row['prefill_chunk']}"
                 shape = f"{name} ({row['packing']}, x{row['replica_scale']}, {warmth})"
                 lines.append(
-                    f"| {case['rate']:g} | {case['plan_on']} -> {case['judge_on']} "
+                    f"| {case['rate']:g} | {case['plan_on']} -> {case['judge_on']}{bounded} "
                     f"| {factor} ({slo_ms / case['floor_ms']:.2f}x) "
                     f"| {shape} | {reachable} | {'yes' if met(held, slo_ms) else 'no'} "
                     f"| {cost:.2f} | {cost / fleet:.3f} | {held['tpot_ms_p99'] / case['floor_ms']:.2f} "
@@ -280,6 +290,7 @@ def main() -> None:
     parser.add_argument("--factors", default="1.5,3", help="SLOs: p99 TPOT bounds as multiples of the floor")
     parser.add_argument("--directions", default="", help="plan:judge pairs, e.g. conv:code [all]")
     parser.add_argument("--prefill-chunks", default="0", help="chunks the optimiser may choose; 0: whole")
+    parser.add_argument("--stall-bound", action="store_true", help="plans also meet the stall bound")
     parser.add_argument("--out", type=Path, default=REPO / ".moeless" / "bench" / "slo")
     args = parser.parse_args()
     if not ARRIVALS["code"].is_file():
@@ -290,6 +301,7 @@ def main() -> None:
     chunks = [int(c) or None for c in args.prefill_chunks.split(",")]
     wanted = {tuple(d.split(":")) for d in args.directions.split(",") if d}
     suffix = "" if chunks == [None] else "_chunks" + "-".join(str(c or 0) for c in chunks)
+    suffix += "_stall" if args.stall_bound else ""
     cases = []
     for rate in (float(r) for r in args.rates.split(",")):
         full = rate in full_rates
@@ -300,7 +312,7 @@ def main() -> None:
             path = args.out / f"{MODEL}_{rate:g}_{plan_on}_{judge_on}_{args.window:g}{suffix}.json"
             if not path.is_file():
                 print(f"== {MODEL} at {rate:g}/s: plan on {plan_on}, judge on {judge_on}", flush=True)
-                case = one_case(rate, plan_on, judge_on, args.window, factors, full, chunks)
+                case = one_case(rate, plan_on, judge_on, args.window, factors, full, chunks, args.stall_bound)
                 path.write_text(json.dumps(case, indent=1))
             case = json.loads(path.read_text())
             if full and sweep_planning(case):

@@ -139,6 +139,14 @@ from moeless.contracts.plan import Placement, Policy
     help="With --slo-tpot-ms: keep environments warm by provisioned concurrency only, never by the "
     "backbone's pings (Lambda guarantees provisioned ones; an idle pinged one may still be reclaimed).",
 )
+@click.option(
+    "--stall-bound",
+    is_flag=True,
+    help="With --slo-tpot-ms: also keep p99 TPOT within the bound for a full batch decoding beside a "
+    "prefill chunk (whole prompts: the traffic's longest prompt), every environment warm; replicas, "
+    "packing and memory that cannot are not considered. For traffic whose mix of prompt and output "
+    "lengths may differ from the planning traffic's.",
+)
 @traffic_options
 @deployment_options
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
@@ -167,6 +175,7 @@ def plan(
     frontier: bool,
     replan_s: float | None,
     no_keep_warm: bool,
+    stall_bound: bool,
     output: Path,
     **traffic: Any,
 ) -> None:
@@ -186,6 +195,7 @@ def plan(
         traffic["expert_dtypes"] = list(dict.fromkeys([traffic["expert_dtype"], *allowed_dtypes]))
         traffic["prefill_chunks"] = list(dict.fromkeys([traffic["prefill_chunk"], *allowed_chunks]))
         traffic["replan_s"] = replan_s
+        traffic["stall_bound"] = stall_bound
         _sized(
             policy,
             loads_path,
@@ -200,13 +210,13 @@ def plan(
         return
     sized_only = (
         memory_options, replica_scales, packings, groups, allowed_dtypes, allowed_chunks, frontier,
-        no_keep_warm, replan_s,
+        no_keep_warm, replan_s, stall_bound,
     )  # fmt: skip
     if slo_ttft_ms is not None or any(sized_only):
         raise click.UsageError(
             "--slo-ttft-ms, --memory-mb, --replica-scale, --packing, --group-experts, "
-            "--allow-expert-dtype, --allow-prefill-chunk, --frontier, --replan-interval and "
-            "--no-keep-warm go with --slo-tpot-ms"
+            "--allow-expert-dtype, --allow-prefill-chunk, --frontier, --replan-interval, "
+            "--no-keep-warm and --stall-bound go with --slo-tpot-ms"
         )
     from moeless.contracts.loads import load_loads
     from moeless.contracts.manifest import load_manifest
@@ -316,6 +326,7 @@ def _sized(
                 name, deployment, routing, replay, duration, slo, memory_options=memory_options or None,
                 replica_scales=traffic["replica_scales"], keep_warm=traffic["keep_warm"],
                 replan_s=traffic["replan_s"], packings=traffic["packings"], groups=traffic["groups"],
+                stall_bound=traffic["stall_bound"],
                 expert_dtypes=traffic["expert_dtypes"], prefill_chunks=traffic["prefill_chunks"],
                 seed=traffic["seed"], progress=True,
             )  # fmt: skip
@@ -349,6 +360,11 @@ def _sized(
         f"{chosen.provisioned} provisioned environments, {chosen.keep_warm} kept warm by pings "
         f"(cold start priced at ${chosen.usd_per_cold_start:g})"
     )
+    if chosen.stall_tpot_ms is not None:
+        click.echo(
+            f"  stall bound: p99 TPOT {chosen.stall_tpot_ms:.1f} ms decoding beside a prefill, every "
+            f"environment warm"
+        )
     click.echo(
         f"  simulated after a quiet (nothing warm but what the plan keeps warm): "
         f"${summary['usd_per_1k_requests']:.2f} per 1k requests, p99 TPOT "

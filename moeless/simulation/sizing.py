@@ -43,6 +43,17 @@
    puts on every decoding sequence (lower p99 TPOT) but re-pays each layer's invokes and expert
    weights once per chunk, which lowers the backbone's prefill throughput (higher TTFT, more
    invokes): a trade only the traffic's prompt lengths and the SLO settle.
+6. **The stall bound** (``stall_bound``, ``plan --stall-bound``): the planning traffic shows only
+   the overlaps of prefill and decoding that it happens to have. Conversations at 0.02
+   requests/s (2 requests 20 minutes apart) never overlap, so x1 replicas meet a tight TPOT
+   bound there and miss it on code traffic, whose short outputs all decode beside other prompts'
+   chunks. With the bound, each candidate's structure (replicas, packing, memory, chunk) must
+   also keep the **stall probe** within the TPOT bound: a full batch decoding while a prompt
+   prefills, every environment warm (:func:`stall_tpot_ms`), so each of their tokens shares its
+   step with a full chunk (chunked: the most prompt a step may carry, whatever the traffic) or
+   with the planning traffic's longest prompt (whole prompts). Warmth cannot repair that step,
+   so a structure over the bound is not simulated at all. The bound is the trace-free half of
+   the SLO: it holds for any mix of output lengths; the simulator's half prices the warmth.
 
 Why the simulator in the loop rather than a queueing bound alone: an MoE step's invokes are not a
 Poisson stream (a prefill touches every expert of every layer at once; decode touches a few per
@@ -78,9 +89,10 @@ from moeless.planning.cost_model import EXPERT_DTYPES, MEMORY_OPTIONS_MB
 from moeless.planning.packing import pack_across_layers, pack_within_layer
 from moeless.simulation.policies import Deployment, plan_for_policy, simulate_policy
 from moeless.simulation.routing import RecordedRouting, StepRouting
-from moeless.simulation.simulator import PolicyResult, PrewarmModel, Request
+from moeless.simulation.simulator import PolicyResult, PrewarmModel, Request, Simulator
 
 DEFAULT_REPLICA_SCALES = (1, 4)
+STALL_STEPS = 4  # chunked prefill: the decode steps the stall probe averages, each beside a full chunk
 DEFAULT_PACKINGS = (1, 4)  # experts of consecutive layers per function
 DEFAULT_GROUPS = (1,)  # experts of one layer per function (bundled invokes); more only when asked
 
@@ -103,6 +115,10 @@ class Slo:
             and (self.ttft_ms is None or summary["ttft_ms_p99"] <= self.ttft_ms)
         )
 
+    def stall_met(self, stall_tpot_ms: float | None) -> bool:
+        """Whether the stall probe's TPOT (``None``: not probed) is within the TPOT bound."""
+        return stall_tpot_ms is None or stall_tpot_ms <= self.tpot_ms
+
     def describe(self) -> str:
         ttft = f", p99 TTFT <= {self.ttft_ms:g} ms" if self.ttft_ms is not None else ""
         return f"p99 TPOT <= {self.tpot_ms:g} ms{ttft}"
@@ -121,6 +137,7 @@ class FrontierPoint:
     expert_dtype: str = "fp32"
     group: int = 1  # experts of one layer per function, one bundled invoke
     prefill_chunk: int | None = None  # prompt tokens per engine step; None: whole prompts
+    stall_tpot_ms: float | None = None  # the stall probe's p99 TPOT (None: not probed)
 
     @property
     def usd_per_1k(self) -> float:
@@ -146,6 +163,7 @@ class FrontierPoint:
             "expert_dtype": self.expert_dtype,
             "prefill_chunk": self.prefill_chunk or "",
             "usd_per_cold_start": self.usd_per_cold_start,
+            "stall_tpot_ms_p99": "" if self.stall_tpot_ms is None else self.stall_tpot_ms,
             "provisioned": self.provisioned,
             "keep_warm": self.keep_warm,
             "usd_per_1k_requests": self.usd_per_1k,
@@ -166,6 +184,7 @@ class Sizing:
     chosen: FrontierPoint | None
     points: list[FrontierPoint] = field(default_factory=list)
     floor_ms: float = 0.0  # the Lambda floor of TPOT: layers x (invoke overhead + slowest piece)
+    stall_ms: float | None = None  # with the stall bound: the lowest stall probe TPOT of any structure
 
     def best_latency(self) -> FrontierPoint:
         """The point with the lowest p99 TPOT (what an unreachable SLO can have instead), among
@@ -189,6 +208,12 @@ class SloUnreachable(SimulationError):
             f"concurrency: the best reached is p99 TPOT {best['tpot_ms_p99']:.1f} ms, p99 TTFT "
             f"{best['ttft_ms_p99']:.1f} ms ({best['completed']}/{best['requests']} requests completed; "
             f"the Lambda floor of TPOT is {sizing.floor_ms:.1f} ms)"
+            + (
+                f"; under the stall bound no replicas, packing or memory tried decode faster than "
+                f"{sizing.stall_ms:.1f} ms per token beside a prefill"
+                if sizing.stall_ms is not None and sizing.stall_ms > sizing.slo.tpot_ms
+                else ""
+            )
         )
         self.sizing = sizing
 
@@ -199,6 +224,45 @@ def lambda_floor_ms(deployment: Deployment, memory_mb: int) -> float:
     speedup = EXPERT_DTYPES[deployment.expert_dtype].compute_speedup
     expert = model.expert_ms(1, size.hidden, size.intermediate, model.vcpus(memory_mb), size.weight_bytes)
     return len(deployment.shape.moe_layers) * (model.invoke_ms(1, size.hidden) + expert / speedup)
+
+
+def stall_probe(deployment: Deployment, longest_prompt: int) -> list[Request]:
+    """The worst routine step for decoding, as requests: a full batch decoding beside a prefill.
+
+    ``max_batch - 1`` sequences with one-token prompts arrive at 0 (step 1 prefills them); one
+    prompt arrives just after, so it joins from step 2, while they decode. Chunked: the prompt is
+    :data:`STALL_STEPS` chunks, so each of their next STALL_STEPS tokens shares its step with a full
+    chunk, the most prompt a step may carry whatever the traffic. Whole prompts: it is
+    ``longest_prompt`` tokens in one step, and they decode one token past it.
+    """
+    chunk = deployment.prefill_chunk
+    steps = STALL_STEPS if chunk else 1
+    prompt = chunk * steps if chunk else max(longest_prompt, 1)
+    decoders = [Request(0.0, 1, steps + 1, n) for n in range(max(deployment.max_batch - 1, 1))]
+    return [*decoders, Request(1e-3, prompt, 1, len(decoders))]
+
+
+def stall_tpot_ms(plan: Plan, deployment: Deployment, routing: StepRouting, longest_prompt: int) -> float:
+    """The decoding sequences' p99 TPOT in the :func:`stall_probe`, every environment warm.
+
+    What the plan's structure (replicas, packing, memory) and the engine's chunk allow, warmth
+    aside: the oracle simulator (every replica it needs warm and free) on one step loop, so the
+    prompt joins the decoding batch.
+    """
+    result = Simulator(
+        plan,
+        routing,
+        deployment.expert_size(),
+        deployment.model,
+        deployment.gpu_model(),
+        replace(deployment.hardware(serverful=False), loops=1),
+        oracle=True,
+        max_batch=deployment.max_batch,
+        prefill_chunk=deployment.prefill_chunk,
+        compute_speedup=EXPERT_DTYPES[deployment.expert_dtype].compute_speedup,
+        timeline=False,
+    ).run(stall_probe(deployment, longest_prompt), 0.0)
+    return float(np.percentile(result.tpot_ms, 99))
 
 
 def _ping_usd(deployment: Deployment, memory_mb: int, span_s: float) -> float:
@@ -293,6 +357,7 @@ def size_for_slo(
     prefill_chunks: list[int | None] | None = None,
     keep_warm: bool = True,
     replan_s: float | None = None,
+    stall_bound: bool = False,
     prewarm: dict[str, PrewarmModel] | None = None,
     seed: int = 0,
     progress: bool = False,
@@ -310,30 +375,14 @@ def size_for_slo(
         for dtype in expert_dtypes or [deployment.expert_dtype]
         for chunk in dict.fromkeys(prefill_chunks or [deployment.prefill_chunk])
     }
-    points: list[FrontierPoint] = []
     floors = []
     loads = routing.loads()
     scores = pair_scores(routing, loads)
     together = layer_coactivation(routing, loads)
+    structures: list[_Structure] = []
     for variant in variants.values():
         memories = memory_options or default_memory_options(variant)
         floors += [lambda_floor_ms(variant, m) for m in memories]
-
-        def run(plan: Plan, variant: Deployment = variant) -> PolicyResult:
-            return simulate_policy(
-                policy,
-                variant,
-                routing,
-                replay,
-                duration_s,
-                plan=plan,
-                prewarm=prewarm,
-                seed=seed,
-                timeline=False,
-                warm_up=False,  # after a quiet (the module docstring, step 2)
-                progress=progress,
-            )
-
         base = with_concurrency(plan_for_policy(policy, loads, variant), {})
         memory_for = functools.partial(memory_for_experts, variant)
         packed_by = {
@@ -351,34 +400,35 @@ def size_for_slo(
             if (per_function, group, memory, scale) in seen:  # a packing that needs more memory
                 continue
             seen.add((per_function, group, memory, scale))
-            ping_usd = _ping_usd(variant, memory, duration_s) if keep_warm else None
-            replan = None
-            if replan_s:
-                round_usd = _ping_usd(variant, memory, KEEP_WARM_PING_S)  # one round of pings
-                ping_per_s = round_usd / KEEP_WARM_PING_S if keep_warm else None
-                replan = {
-                    "interval_s": replan_s,
-                    "ping_usd_per_s": ping_per_s,
-                    "smoothing": 0.5,
-                    "down_after": 3,
-                    "memory_s": LONG_MEMORY_S,
-                }
             plan = with_replicas(with_memory(packed, memory), scale)
-            family = _Family(plan, memory, duration_s, run, ping_usd, scale, replan, per_function, group)
-            for price in PRICE_GRID:
-                family.point(price)
-            for point in family.points:
-                point.expert_dtype = variant.expert_dtype
-                point.prefill_chunk = variant.prefill_chunk
-            points += family.points
+            structures.append(_Structure(variant, plan, memory, scale, per_function, group))
+    stall_ms = None
+    if stall_bound:
+        longest = max((r.prompt_tokens for r in replay), default=1)
+        probed = [(stall_tpot_ms(s.plan, s.variant, routing, longest), s) for s in structures]
+        for ms, structure in probed:
+            structure.stall_ms = ms
+        stall_ms = min(ms for ms, _ in probed)
+        within = [structure for ms, structure in probed if ms <= slo.tpot_ms]
+        # none within: the fastest is still simulated, for the latency the refusal reports
+        structures = within or [min(probed, key=lambda pair: pair[0])[1]]
+    points: list[FrontierPoint] = []
+    for structure in structures:
+        family = structure.family(
+            duration_s, keep_warm, replan_s, policy, routing, replay, prewarm, seed, progress
+        )
+        for price in PRICE_GRID:
+            family.point(price)
+        points += family.points
     floor = min(floors)
-    feasible = [p for p in points if slo.met(p.summary)]
+    feasible = [p for p in points if slo.met(p.summary) and slo.stall_met(p.stall_tpot_ms)]
     sizing = Sizing(
         policy,
         slo,
         min(feasible, key=lambda p: (p.usd_per_1k, p.usd_per_cold_start)) if feasible else None,
         points,
         floor,
+        stall_ms,
     )
     if sizing.chosen is None:
         raise SloUnreachable(sizing)
@@ -387,35 +437,87 @@ def size_for_slo(
     return sizing
 
 
+@dataclass
+class _Structure:
+    """One candidate's structure: the deployment variant (dtype, chunk), and the plan's packing,
+    memory and replicas, nothing provisioned yet; warmth is sized per family."""
+
+    variant: Deployment
+    plan: Plan
+    memory_mb: int
+    replica_scale: int
+    packing: int
+    group: int
+    stall_ms: float | None = None  # the stall probe's p99 TPOT, with the stall bound
+
+    def family(
+        self,
+        span_s: float,
+        keep_warm: bool,
+        replan_s: float | None,
+        policy: str,
+        routing: StepRouting,
+        replay: list[Request],
+        prewarm: dict[str, PrewarmModel] | None,
+        seed: int,
+        progress: bool,
+    ) -> _Family:
+        """Probe the structure on the traffic (after a quiet: the module docstring, step 2)."""
+        replan = None
+        if replan_s:
+            round_usd = _ping_usd(self.variant, self.memory_mb, KEEP_WARM_PING_S)  # one round of pings
+            replan = {
+                "interval_s": replan_s,
+                "ping_usd_per_s": round_usd / KEEP_WARM_PING_S if keep_warm else None,
+                "smoothing": 0.5,
+                "down_after": 3,
+                "memory_s": LONG_MEMORY_S,
+            }
+
+        def run(plan: Plan) -> PolicyResult:
+            return simulate_policy(
+                policy,
+                self.variant,
+                routing,
+                replay,
+                span_s,
+                plan=plan,
+                prewarm=prewarm,
+                seed=seed,
+                timeline=False,
+                warm_up=False,
+                progress=progress,
+            )
+
+        ping_usd = _ping_usd(self.variant, self.memory_mb, span_s) if keep_warm else None
+        return _Family(self, span_s, run, ping_usd, replan)
+
+
 class _Family:
-    """The plans of one memory size, one per price of a cold start, each simulated once."""
+    """The plans of one structure, one per price of a cold start, each simulated once."""
 
     def __init__(
         self,
-        plan: Plan,
-        memory_mb: int,
+        structure: _Structure,
         span_s: float,
         run: Callable[[Plan], PolicyResult],
         ping_usd: float | None,
-        replica_scale: int = 1,
         replan: dict[str, Any] | None = None,
-        packing: int = 1,
-        group: int = 1,
     ) -> None:
-        self.plan, self.memory_mb, self.span_s, self.run = plan, memory_mb, span_s, run
-        self.replica_scale, self.packing, self.group = replica_scale, packing, group
+        self.structure, self.span_s, self.run = structure, span_s, run
         self.replan = replan
         self.ping_usd = ping_usd
-        self.probe = run(plan)  # nothing provisioned: what each function's demand is measured on
+        self.probe = run(structure.plan)  # nothing provisioned: what each function's demand is measured on
         self.points: list[FrontierPoint] = []
         self._summaries: dict[tuple[Any, ...], dict[str, Any]] = {}
 
     def point(self, price: float) -> FrontierPoint:
+        structure = self.structure
         warmth = {
-            name: provisioned_for(demand, self.span_s, self.memory_mb, price, ping_usd=self.ping_usd)
+            name: provisioned_for(demand, self.span_s, structure.memory_mb, price, ping_usd=self.ping_usd)
             for name, demand in self.probe.demand.items()
         }
-        sized = with_concurrency(self.plan, warmth)
+        sized = with_concurrency(structure.plan, warmth)
         if self.replan is not None:  # the re-planner prices cold starts as the plan was sized
             params = self.replan | {"usd_per_cold_start": None if math.isinf(price) else price}
             sized = replace(sized, params=sized.params | {"replan": params})
@@ -425,13 +527,16 @@ class _Family:
             warm = any(p or k for p, k in counts) or self.replan is not None
             self._summaries[key] = self.run(sized).summary() if warm else self.probe.summary()
         found = FrontierPoint(
-            self.memory_mb,
+            structure.memory_mb,
             price,
             sized,
             self._summaries[key],
-            self.replica_scale,
-            self.packing,
-            group=self.group,
+            structure.replica_scale,
+            structure.packing,
+            expert_dtype=structure.variant.expert_dtype,
+            group=structure.group,
+            prefill_chunk=structure.variant.prefill_chunk,
+            stall_tpot_ms=structure.stall_ms,
         )
         self.points.append(found)
         return found
@@ -453,6 +558,7 @@ def _annotated(chosen: FrontierPoint, sizing: Sizing, deployment: Deployment) ->
             "packing": chosen.packing,
             "group": chosen.group,
             "lambda_floor_tpot_ms": sizing.floor_ms,
+            "stall_tpot_ms_p99": chosen.stall_tpot_ms,  # None: sized without the stall bound
             "judged_after_quiet": True,  # replays judge it so too (study.py)
             "planned": {
                 key: summary[key]

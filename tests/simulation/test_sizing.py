@@ -7,6 +7,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -206,17 +207,23 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
         ],
     )
     assert mixed.exit_code == 2 and "--workers: not with --slo-tpot-ms" in mixed.output
+    unsized = runner.invoke(
+        cli, ["plan", *common, "--policy", "moeless", "--stall-bound", "-o", str(plan_path)]
+    )
+    assert unsized.exit_code == 2 and "--stall-bound go with --slo-tpot-ms" in unsized.output
     sized = runner.invoke(
         cli,
         ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "1e7", "--frontier", "--prefill-chunk", "8",
-         "-o", str(plan_path)],
+         "--stall-bound", "-o", str(plan_path)],
     )  # fmt: skip
     assert sized.exit_code == 0, sized.output
+    assert "stall bound: p99 TPOT" in sized.output
     plan = load_plan(plan_path)
     assert (
         plan.params["sizing"]["slo_tpot_ms_p99"] == 1e7
         and plan.params["deployment"]["model"] == "mixtral-8x7b"
         and plan.params["deployment"]["prefill_chunk"] == 8  # the replay below chunks as planned
+        and 0 < plan.params["sizing"]["stall_tpot_ms_p99"] <= 1e7
     )
     assert all(isinstance(f.provisioned_concurrency, int) for f in plan.functions)
     hosted = sorted(pair for f in plan.functions for pair in f.experts)
@@ -553,6 +560,50 @@ def test_a_prefill_chunk_is_a_choice_the_optimiser_weighs_against_the_slo():
     assert chunked.chosen.prefill_chunk == 256
     assert chunked.chosen.plan.params["deployment"]["prefill_chunk"] == 256
     assert whole.chosen.plan.params["deployment"]["prefill_chunk"] is None
+
+
+def test_the_stall_bound_sizes_replicas_for_overlaps_the_planning_traffic_never_had():
+    """Planned on prompts that arrive alone, x1 replicas meet the TPOT bound and miss it once the
+    same prompts arrive together (each decodes beside the others' chunks). The stall probe
+    predicts that overlapped TPOT with the traffic unseen; under the bound the optimiser takes
+    the replicas that meet it, and a bound no structure meets is refused saying why."""
+    from moeless.simulation.sizing import stall_tpot_ms
+
+    deployment = replace(Deployment.choose(one_expert_shape()), prefill_chunk=256)
+    routing = SampledRouting.from_loads(Loads({0: np.array([4.0, 3, 2, 1])}, {"top_k": 1}), 1, [0], 1)
+    alone = [Request(400.0 * n, 1024, 8, n) for n in range(3)]
+    together = [Request(0.01 * n, 1024, 8, n) for n in range(6)]
+    options = {"memory_options": [MB], "packings": [1], "replica_scales": [1, 4]}
+    frontier = size_for_slo(
+        "moeless", deployment, routing, alone, 1200.0, Slo(1e9), stall_bound=True, **options
+    )
+    stall = {p.replica_scale: p.stall_tpot_ms for p in frontier.points}
+    assert stall[4] < stall[1]
+    for point in (next(p for p in frontier.points if p.replica_scale == s) for s in (1, 4)):
+        overlapped = simulate_policy(
+            "moeless", deployment, routing, together, 1200.0, plan=point.plan, timeline=False
+        ).summary()["tpot_ms_p99"]
+        assert overlapped == pytest.approx(stall_tpot_ms(point.plan, deployment, routing, 1024), rel=0.05)
+    alone_ms = max(p.summary["tpot_ms_p99"] for p in frontier.points)
+    bound = (stall[1] + stall[4]) / 2
+    assert alone_ms < stall[4] < bound
+    trace_only = size_for_slo("moeless", deployment, routing, alone, 1200.0, Slo(bound), **options).chosen
+    bounded = size_for_slo(
+        "moeless", deployment, routing, alone, 1200.0, Slo(bound), stall_bound=True, **options
+    ).chosen
+    assert (trace_only.replica_scale, bounded.replica_scale) == (1, 4)
+    assert bounded.plan.params["sizing"]["stall_tpot_ms_p99"] == stall[4]
+
+    def on_overlaps(plan: Plan) -> float:
+        return simulate_policy(
+            "moeless", deployment, routing, together, 1200.0, plan=plan, timeline=False
+        ).summary()["tpot_ms_p99"]
+
+    assert on_overlaps(trace_only.plan) > bound >= on_overlaps(bounded.plan)
+    tight = Slo((alone_ms + stall[4]) / 2)
+    assert size_for_slo("moeless", deployment, routing, alone, 1200.0, tight, **options).chosen
+    with pytest.raises(SloUnreachable, match="under the stall bound"):
+        size_for_slo("moeless", deployment, routing, alone, 1200.0, tight, stall_bound=True, **options)
 
 
 def test_the_best_reachable_latency_is_that_of_a_plan_that_completed_its_requests():
