@@ -147,6 +147,14 @@ from moeless.contracts.plan import Placement, Policy
     "packing and memory that cannot are not considered. For traffic whose mix of prompt and output "
     "lengths may differ from the planning traffic's.",
 )
+@click.option(
+    "--warm-every-level",
+    "every_level",
+    is_flag=True,
+    help="With --slo-tpot-ms: keep warm every environment a step can use at once (provisioned, or "
+    "pinged where provisioning does not pay and pings are allowed), not only the levels the traffic "
+    "used: no cold start on the request path whatever the traffic, at that price.",
+)
 @traffic_options
 @deployment_options
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
@@ -176,6 +184,7 @@ def plan(
     replan_s: float | None,
     no_keep_warm: bool,
     stall_bound: bool,
+    every_level: bool,
     output: Path,
     **traffic: Any,
 ) -> None:
@@ -196,6 +205,7 @@ def plan(
         traffic["prefill_chunks"] = list(dict.fromkeys([traffic["prefill_chunk"], *allowed_chunks]))
         traffic["replan_s"] = replan_s
         traffic["stall_bound"] = stall_bound
+        traffic["every_level"] = every_level
         _sized(
             policy,
             loads_path,
@@ -210,13 +220,13 @@ def plan(
         return
     sized_only = (
         memory_options, replica_scales, packings, groups, allowed_dtypes, allowed_chunks, frontier,
-        no_keep_warm, replan_s, stall_bound,
+        no_keep_warm, replan_s, stall_bound, every_level,
     )  # fmt: skip
     if slo_ttft_ms is not None or any(sized_only):
         raise click.UsageError(
             "--slo-ttft-ms, --memory-mb, --replica-scale, --packing, --group-experts, "
             "--allow-expert-dtype, --allow-prefill-chunk, --frontier, --replan-interval, "
-            "--no-keep-warm and --stall-bound go with --slo-tpot-ms"
+            "--no-keep-warm, --stall-bound and --warm-every-level go with --slo-tpot-ms"
         )
     from moeless.contracts.loads import load_loads
     from moeless.contracts.manifest import load_manifest
@@ -326,7 +336,7 @@ def _sized(
                 name, deployment, routing, replay, duration, slo, memory_options=memory_options or None,
                 replica_scales=traffic["replica_scales"], keep_warm=traffic["keep_warm"],
                 replan_s=traffic["replan_s"], packings=traffic["packings"], groups=traffic["groups"],
-                stall_bound=traffic["stall_bound"],
+                stall_bound=traffic["stall_bound"], every_level=traffic["every_level"],
                 expert_dtypes=traffic["expert_dtypes"], prefill_chunks=traffic["prefill_chunks"],
                 seed=traffic["seed"], progress=True,
             )  # fmt: skip
@@ -358,7 +368,11 @@ def _sized(
         f"{chosen.expert_dtype} experts, replicas x{chosen.replica_scale}, "
         f"{chosen.packing} layers' experts per function, {chosen.group} per layer, "
         f"{chosen.provisioned} provisioned environments, {chosen.keep_warm} kept warm by pings "
-        f"(cold start priced at ${chosen.usd_per_cold_start:g})"
+        + (
+            "(every level a step can use)"
+            if traffic["every_level"]
+            else f"(cold start priced at ${chosen.usd_per_cold_start:g})"
+        )
     )
     if chosen.stall_tpot_ms is not None:
         click.echo(

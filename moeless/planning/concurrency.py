@@ -167,6 +167,28 @@ def with_replicas(plan: Plan, scale: int) -> Plan:
     return replace(plan, experts=experts)
 
 
+def levels_in_reach(plan: Plan, rows_per_step: int, max_rows: int, loops: int = 1) -> dict[str, int]:
+    """The most environments of each function that one step's invokes can hold at once.
+
+    A step routes at most ``rows_per_step`` rows to an expert (each token picks an expert once:
+    at most the step's tokens), split over its replicas and cut at ``max_rows`` rows per invoke
+    (the payload limit); a layer's invokes all return before the next layer's go out, so a
+    function hosting experts of several layers needs the most of any one layer. ``loops`` steps
+    in flight at once multiply it. Keeping every such level warm leaves no cold start on the
+    request path, whatever the traffic, within that bound.
+    """
+    by_layer: dict[tuple[str, int], int] = {}
+    for (layer, _), names in plan.invoke_targets().items():
+        per_replica = math.ceil(rows_per_step / len(names))
+        pieces = max(math.ceil(per_replica / max_rows), 1)
+        for name in names:
+            by_layer[(name, layer)] = by_layer.get((name, layer), 0) + pieces
+    reach = {f.name: 0 for f in plan.functions}
+    for (name, _), count in by_layer.items():
+        reach[name] = max(reach.get(name, 0), count * loops)
+    return reach
+
+
 class LevelClock:
     """When each concurrency level of each function was last in use: an invoke at level j uses
     levels 1..j (that many environments were busy at once). Tells whether an invoke's level was

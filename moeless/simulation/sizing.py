@@ -75,10 +75,13 @@ import numpy as np
 
 from moeless.contracts.environment import KEEP_WARM_PING_S
 from moeless.contracts.loads import Loads, shares
+from moeless.contracts.payload import max_tokens_per_request
 from moeless.contracts.plan import Plan, PlanEstimate
 from moeless.errors import SimulationError
 from moeless.planning.concurrency import (
     LONG_MEMORY_S,
+    Warmth,
+    levels_in_reach,
     ping_cost_usd,
     provisioned_for,
     with_concurrency,
@@ -185,6 +188,7 @@ class Sizing:
     points: list[FrontierPoint] = field(default_factory=list)
     floor_ms: float = 0.0  # the Lambda floor of TPOT: layers x (invoke overhead + slowest piece)
     stall_ms: float | None = None  # with the stall bound: the lowest stall probe TPOT of any structure
+    every_level: bool = False  # each structure kept warm at every level in reach, not priced per level
 
     def best_latency(self) -> FrontierPoint:
         """The point with the lowest p99 TPOT (what an unreachable SLO can have instead), among
@@ -358,6 +362,7 @@ def size_for_slo(
     keep_warm: bool = True,
     replan_s: float | None = None,
     stall_bound: bool = False,
+    every_level: bool = False,
     prewarm: dict[str, PrewarmModel] | None = None,
     seed: int = 0,
     progress: bool = False,
@@ -403,8 +408,8 @@ def size_for_slo(
             plan = with_replicas(with_memory(packed, memory), scale)
             structures.append(_Structure(variant, plan, memory, scale, per_function, group))
     stall_ms = None
+    longest = max((r.prompt_tokens for r in replay), default=1)
     if stall_bound:
-        longest = max((r.prompt_tokens for r in replay), default=1)
         probed = [(stall_tpot_ms(s.plan, s.variant, routing, longest), s) for s in structures]
         for ms, structure in probed:
             structure.stall_ms = ms
@@ -417,8 +422,11 @@ def size_for_slo(
         family = structure.family(
             duration_s, keep_warm, replan_s, policy, routing, replay, prewarm, seed, progress
         )
-        for price in PRICE_GRID:
-            family.point(price)
+        if every_level:
+            family.every_level(structure.reach(longest))
+        else:
+            for price in PRICE_GRID:
+                family.point(price)
         points += family.points
     floor = min(floors)
     feasible = [p for p in points if slo.met(p.summary) and slo.stall_met(p.stall_tpot_ms)]
@@ -429,6 +437,7 @@ def size_for_slo(
         points,
         floor,
         stall_ms,
+        every_level,
     )
     if sizing.chosen is None:
         raise SloUnreachable(sizing)
@@ -449,6 +458,14 @@ class _Structure:
     packing: int
     group: int
     stall_ms: float | None = None  # the stall probe's p99 TPOT, with the stall bound
+
+    def reach(self, longest_prompt: int) -> dict[str, int]:
+        """Each function's levels in reach (:func:`levels_in_reach`): a step carries at most a
+        chunk (whole prompts: the longest prompt) beside a full decode batch."""
+        variant = self.variant
+        rows = (variant.prefill_chunk or longest_prompt) + variant.max_batch
+        loops = variant.hardware(serverful=False).loops
+        return levels_in_reach(self.plan, rows, max_tokens_per_request(variant.expert_size().hidden), loops)
 
     def family(
         self,
@@ -507,17 +524,44 @@ class _Family:
         self.structure, self.span_s, self.run = structure, span_s, run
         self.replan = replan
         self.ping_usd = ping_usd
-        self.probe = run(structure.plan)  # nothing provisioned: what each function's demand is measured on
         self.points: list[FrontierPoint] = []
         self._summaries: dict[tuple[Any, ...], dict[str, Any]] = {}
 
+    @functools.cached_property
+    def probe(self) -> PolicyResult:
+        """The structure with nothing provisioned: what each function's demand is measured on."""
+        return self.run(self.structure.plan)
+
     def point(self, price: float) -> FrontierPoint:
+        """The plan that keeps warm each level whose cold starts are worth ``price`` apiece."""
         structure = self.structure
         warmth = {
             name: provisioned_for(demand, self.span_s, structure.memory_mb, price, ping_usd=self.ping_usd)
             for name, demand in self.probe.demand.items()
         }
-        sized = with_concurrency(structure.plan, warmth)
+        return self._judged(price, with_concurrency(structure.plan, warmth))
+
+    def every_level(self, reach: dict[str, int]) -> FrontierPoint:
+        """The plan that keeps warm every level of ``reach`` (:func:`levels_in_reach`): provisioned,
+        or, with pings allowed, pinged above the levels that provisioning pays for outright."""
+        structure = self.structure
+        if self.ping_usd is None:  # provisioned only: no probe needed
+            warmth = {name: Warmth(level, 0) for name, level in reach.items()}
+        else:
+            warmth = {}
+            for name, level in reach.items():
+                demand = self.probe.demand.get(name)
+                kept = (
+                    provisioned_for(demand, self.span_s, structure.memory_mb, 0.0, ping_usd=self.ping_usd)
+                    if demand is not None
+                    else Warmth()
+                )
+                provisioned = min(kept.provisioned, level)
+                warmth[name] = Warmth(provisioned, level - provisioned)
+        return self._judged(math.inf, with_concurrency(structure.plan, warmth))
+
+    def _judged(self, price: float, sized: Plan) -> FrontierPoint:
+        structure = self.structure
         if self.replan is not None:  # the re-planner prices cold starts as the plan was sized
             params = self.replan | {"usd_per_cold_start": None if math.isinf(price) else price}
             sized = replace(sized, params=sized.params | {"replan": params})
@@ -525,7 +569,7 @@ class _Family:
         key = (counts, price if self.replan is not None else None)
         if key not in self._summaries:  # nothing provisioned and no re-planner is the probe itself
             warm = any(p or k for p, k in counts) or self.replan is not None
-            self._summaries[key] = self.run(sized).summary() if warm else self.probe.summary()
+            self._summaries[key] = (self.run(sized) if warm else self.probe).summary()
         found = FrontierPoint(
             structure.memory_mb,
             price,
@@ -552,7 +596,10 @@ def _annotated(chosen: FrontierPoint, sizing: Sizing, deployment: Deployment) ->
         "sizing": {
             "slo_tpot_ms_p99": sizing.slo.tpot_ms,
             "slo_ttft_ms_p99": sizing.slo.ttft_ms,
-            "usd_per_cold_start": chosen.usd_per_cold_start,
+            # JSON has no infinity: null is "every level that saw a cold start" (or, with
+            # every_level, every level in reach)
+            "usd_per_cold_start": None if math.isinf(price := chosen.usd_per_cold_start) else price,
+            "every_level": sizing.every_level,
             "memory_mb": chosen.memory_mb,
             "replica_scale": chosen.replica_scale,
             "packing": chosen.packing,

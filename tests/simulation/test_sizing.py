@@ -210,7 +210,7 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
     unsized = runner.invoke(
         cli, ["plan", *common, "--policy", "moeless", "--stall-bound", "-o", str(plan_path)]
     )
-    assert unsized.exit_code == 2 and "--stall-bound go with --slo-tpot-ms" in unsized.output
+    assert unsized.exit_code == 2 and "--warm-every-level go with --slo-tpot-ms" in unsized.output
     sized = runner.invoke(
         cli,
         ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "1e7", "--frontier", "--prefill-chunk", "8",
@@ -604,6 +604,55 @@ def test_the_stall_bound_sizes_replicas_for_overlaps_the_planning_traffic_never_
     assert size_for_slo("moeless", deployment, routing, alone, 1200.0, tight, **options).chosen
     with pytest.raises(SloUnreachable, match="under the stall bound"):
         size_for_slo("moeless", deployment, routing, alone, 1200.0, tight, stall_bound=True, **options)
+
+
+def test_the_levels_in_reach_bound_what_a_step_can_hold_at_once():
+    """Function f hosts expert 0 of layer 0 with 3 replicas and expert 0 of layer 1 with one: 35
+    rows cut at 10 per invoke are 3 x 2 invokes at layer 0 and 4 at layer 1; the layers take
+    turns, so 6 environments, twice that with two steps in flight."""
+    from moeless.planning.concurrency import levels_in_reach
+
+    plan = Plan(
+        "moeless",
+        [ExpertPlacement(0, 0, replicas=3, function="f"), ExpertPlacement(1, 0, function="f"),
+         ExpertPlacement(1, 1, function="g")],
+        [FunctionSpec("f", [(0, 0), (1, 0)]), FunctionSpec("g", [(1, 1)])],
+    )  # fmt: skip
+    assert levels_in_reach(plan, 35, 10) == {"f": 6, "g": 4}
+    assert levels_in_reach(plan, 35, 10, loops=2) == {"f": 12, "g": 8}
+
+
+def test_every_level_in_reach_warm_leaves_no_cold_start_on_traffic_the_plan_never_saw():
+    """Sized on prompts that arrive alone for a loose bound, the cheapest plan keeps nothing warm
+    and the same prompts arriving together start cold. With every level in reach provisioned no
+    invoke starts cold and none finds more environments busy than were provisioned; with pings
+    allowed, the same levels are warm, those provisioning does not pay for pinged."""
+    deployment = replace(Deployment.choose(one_expert_shape()), prefill_chunk=256)
+    routing = SampledRouting.from_loads(Loads({0: np.array([4.0, 3, 2, 1])}, {"top_k": 1}), 1, [0], 1)
+    alone = [Request(400.0 * n, 1024, 8, n) for n in range(3)]
+    together = [Request(0.01 * n, 1024, 8, n) for n in range(6)]
+    options = {"memory_options": [MB], "packings": [1], "replica_scales": [4], "keep_warm": False}
+    slo = Slo(1e9, ttft_ms=1e9)
+    cheapest = size_for_slo("moeless", deployment, routing, alone, 1200.0, slo, **options).chosen
+    every = size_for_slo(
+        "moeless", deployment, routing, alone, 1200.0, slo, every_level=True, **options
+    ).chosen
+    assert every.provisioned > cheapest.provisioned and every.keep_warm == 0
+
+    def on_overlaps(plan: Plan):
+        return simulate_policy("moeless", deployment, routing, together, 1200.0, plan=plan, timeline=False)
+
+    assert on_overlaps(cheapest.plan).cold_starts > 0
+    replayed = on_overlaps(every.plan)
+    assert replayed.cold_starts == 0
+    provisioned = {f.name: f.provisioned_concurrency for f in every.plan.functions}
+    assert all(len(d.invokes) <= provisioned[name] for name, d in replayed.demand.items())
+    pinged = size_for_slo("moeless", deployment, routing, alone, 1200.0, slo, every_level=True,
+                          **options | {"keep_warm": True}).chosen  # fmt: skip
+    assert (
+        pinged.keep_warm > 0
+        and {f.name: f.provisioned_concurrency + f.keep_warm for f in pinged.plan.functions} == provisioned
+    )
 
 
 def test_the_best_reachable_latency_is_that_of_a_plan_that_completed_its_requests():
