@@ -166,7 +166,7 @@ def one_case(
             if name == "provisioned_only":
                 sweep = {}
                 for level in UNIFORM_LEVELS:
-                    key = (chosen.replica_scale, chosen.prefill_chunk, level)
+                    key = (chosen.packing, chosen.replica_scale, chosen.prefill_chunk, level)
                     if key not in replayed:
                         uniform = {f.name: Warmth(level, 0) for f in chosen.plan.functions}
                         plan = with_concurrency(chosen.plan, uniform)
