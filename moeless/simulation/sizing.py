@@ -54,6 +54,12 @@
    with the planning traffic's longest prompt (whole prompts). Warmth cannot repair that step,
    so a structure over the bound is not simulated at all. The bound is the trace-free half of
    the SLO: it holds for any mix of output lengths; the simulator's half prices the warmth.
+7. **Every level in reach** (``every_level``, ``plan --warm-every-level``): step 3 keeps warm
+   the levels the planning traffic used, so other traffic meets the rest cold. With this, each
+   structure gets one plan, every level a step can reach kept warm
+   (:func:`~moeless.planning.concurrency.levels_in_reach`): provisioned, or with pings allowed
+   pinged above the levels provisioning pays for outright. No cold start on the request path
+   whatever the traffic, at a price known in advance.
 
 Why the simulator in the loop rather than a queueing bound alone: an MoE step's invokes are not a
 Poisson stream (a prefill touches every expert of every layer at once; decode touches a few per
@@ -502,7 +508,7 @@ class _Structure:
                 prewarm=prewarm,
                 seed=seed,
                 timeline=False,
-                warm_up=False,
+                warm_up=False,  # after a quiet (the module docstring, step 2)
                 progress=progress,
             )
 
