@@ -143,7 +143,7 @@ from moeless.contracts.plan import Placement, Policy
     "--stall-bound",
     is_flag=True,
     help="With --slo-tpot-ms: also keep p99 TPOT within the bound for a full batch decoding beside a "
-    "prefill chunk (whole prompts: the traffic's longest prompt), every environment warm; replicas, "
+    "prefill chunk (whole prompts: one of --context-tokens), every environment warm; replicas, "
     "packing and memory that cannot are not considered. For traffic whose mix of prompt and output "
     "lengths may differ from the planning traffic's.",
 )

@@ -51,7 +51,7 @@
    also keep the **stall probe** within the TPOT bound: a full batch decoding while a prompt
    prefills, every environment warm (:func:`stall_tpot_ms`), so each of their tokens shares its
    step with a full chunk (chunked: the most prompt a step may carry, whatever the traffic) or
-   with the planning traffic's longest prompt (whole prompts). Warmth cannot repair that step,
+   with a whole prompt as long as the deployment admits. Warmth cannot repair that step,
    so a structure over the bound is not simulated at all. The bound is the trace-free half of
    the SLO: it holds for any mix of output lengths; the simulator's half prices the warmth.
 7. **Every level in reach** (``every_level``, ``plan --warm-every-level``): step 3 keeps warm
@@ -236,23 +236,23 @@ def lambda_floor_ms(deployment: Deployment, memory_mb: int) -> float:
     return len(deployment.shape.moe_layers) * (model.invoke_ms(1, size.hidden) + expert / speedup)
 
 
-def stall_probe(deployment: Deployment, longest_prompt: int) -> list[Request]:
+def stall_probe(deployment: Deployment) -> list[Request]:
     """The worst routine step for decoding, as requests: a full batch decoding beside a prefill.
 
     ``max_batch - 1`` sequences with one-token prompts arrive at 0 (step 1 prefills them); one
     prompt arrives just after, so it joins from step 2, while they decode. Chunked: the prompt is
     :data:`STALL_STEPS` chunks, so each of their next STALL_STEPS tokens shares its step with a full
-    chunk, the most prompt a step may carry whatever the traffic. Whole prompts: it is
-    ``longest_prompt`` tokens in one step, and they decode one token past it.
+    chunk, the most prompt a step may carry whatever the traffic. Whole prompts: it is as long as
+    the deployment admits (``context_tokens``), in one step, and they decode one token past it.
     """
     chunk = deployment.prefill_chunk
     steps = STALL_STEPS if chunk else 1
-    prompt = chunk * steps if chunk else max(longest_prompt, 1)
+    prompt = chunk * steps if chunk else deployment.context_tokens
     decoders = [Request(0.0, 1, steps + 1, n) for n in range(max(deployment.max_batch - 1, 1))]
     return [*decoders, Request(1e-3, prompt, 1, len(decoders))]
 
 
-def stall_tpot_ms(plan: Plan, deployment: Deployment, routing: StepRouting, longest_prompt: int) -> float:
+def stall_tpot_ms(plan: Plan, deployment: Deployment, routing: StepRouting) -> float:
     """The decoding sequences' p99 TPOT in the :func:`stall_probe`, every environment warm.
 
     What the plan's structure (replicas, packing, memory) and the engine's chunk allow, warmth
@@ -271,7 +271,7 @@ def stall_tpot_ms(plan: Plan, deployment: Deployment, routing: StepRouting, long
         prefill_chunk=deployment.prefill_chunk,
         compute_speedup=EXPERT_DTYPES[deployment.expert_dtype].compute_speedup,
         timeline=False,
-    ).run(stall_probe(deployment, longest_prompt), 0.0)
+    ).run(stall_probe(deployment), 0.0)
     return float(np.percentile(result.tpot_ms, 99))
 
 
@@ -414,9 +414,8 @@ def size_for_slo(
             plan = with_replicas(with_memory(packed, memory), scale)
             structures.append(_Structure(variant, plan, memory, scale, per_function, group))
     stall_ms = None
-    longest = max((r.prompt_tokens for r in replay), default=1)
     if stall_bound:
-        probed = [(stall_tpot_ms(s.plan, s.variant, routing, longest), s) for s in structures]
+        probed = [(stall_tpot_ms(s.plan, s.variant, routing), s) for s in structures]
         for ms, structure in probed:
             structure.stall_ms = ms
         stall_ms = min(ms for ms, _ in probed)
@@ -429,7 +428,7 @@ def size_for_slo(
             duration_s, keep_warm, replan_s, policy, routing, replay, prewarm, seed, progress
         )
         if every_level:
-            family.every_level(structure.reach(longest))
+            family.every_level(structure.reach())
         else:
             for price in PRICE_GRID:
                 family.point(price)
@@ -465,11 +464,11 @@ class _Structure:
     group: int
     stall_ms: float | None = None  # the stall probe's p99 TPOT, with the stall bound
 
-    def reach(self, longest_prompt: int) -> dict[str, int]:
+    def reach(self) -> dict[str, int]:
         """Each function's levels in reach (:func:`levels_in_reach`): a step carries at most a
-        chunk (whole prompts: the longest prompt) beside a full decode batch."""
+        chunk (whole prompts: one as long as the deployment admits) beside a full decode batch."""
         variant = self.variant
-        rows = (variant.prefill_chunk or longest_prompt) + variant.max_batch
+        rows = (variant.prefill_chunk or variant.context_tokens) + variant.max_batch
         loops = variant.hardware(serverful=False).loops
         return levels_in_reach(self.plan, rows, max_tokens_per_request(variant.expert_size().hidden), loops)
 

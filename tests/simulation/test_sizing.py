@@ -583,7 +583,7 @@ def test_the_stall_bound_sizes_replicas_for_overlaps_the_planning_traffic_never_
         overlapped = simulate_policy(
             "moeless", deployment, routing, together, 1200.0, plan=point.plan, timeline=False
         ).summary()["tpot_ms_p99"]
-        assert overlapped == pytest.approx(stall_tpot_ms(point.plan, deployment, routing, 1024), rel=0.05)
+        assert overlapped == pytest.approx(stall_tpot_ms(point.plan, deployment, routing), rel=0.05)
     alone_ms = max(p.summary["tpot_ms_p99"] for p in frontier.points)
     bound = (stall[1] + stall[4]) / 2
     assert alone_ms < stall[4] < bound
