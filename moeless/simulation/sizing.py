@@ -220,7 +220,8 @@ class SloUnreachable(SimulationError):
             f"the Lambda floor of TPOT is {sizing.floor_ms:.1f} ms)"
             + (
                 f"; under the stall bound no replicas, packing or memory tried decode faster than "
-                f"{sizing.stall_ms:.1f} ms per token beside a prefill"
+                f"{sizing.stall_ms:.1f} ms per token beside a prefill (a smaller prefill chunk or more "
+                "replicas shorten that step)"
                 if sizing.stall_ms is not None and sizing.stall_ms > sizing.slo.tpot_ms
                 else ""
             )
