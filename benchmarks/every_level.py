@@ -1,7 +1,7 @@
 """Every level in reach kept warm (``plan --warm-every-level``), judged on held-out arrivals.
 
 Usage:
-    .venv/bin/python benchmarks/every_level.py     # about 40 minutes here, after benchmarks/slo_plan.py
+    .venv/bin/python benchmarks/every_level.py     # about 50 minutes here, after benchmarks/slo_plan.py
 
 The plans ``benchmarks/slo_plan.py`` sizes for a TPOT bound keep warm the levels the planning
 trace used, at the cheapest price of a cold start that meets the bound there; held out, a
