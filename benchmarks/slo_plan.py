@@ -7,7 +7,7 @@ Usage:
     .venv/bin/python benchmarks/slo_plan.py --rates 0.05 --directions conv:code --prefill-chunks 256
     .venv/bin/python benchmarks/slo_plan.py --rates 0.02,0.1 --full-rates 0.02,0.1 --prefill-chunks 256 # 3 h
     .venv/bin/python benchmarks/slo_plan.py --rates 0.02,0.05 --full-rates 0.02,0.05 --directions conv:code \
-        --prefill-chunks 256 --stall-bound    # about 50 minutes
+        --prefill-chunks 256 --stall-bound    # about 30 minutes
 
 For DeepSeek-V3 (routing: OLMoE's on C4, carried onto 256 experts; fp32 experts; batch 16), the
 SLOs bound p99 TPOT: the goal's own 1.5 x the Lambda floor (MoE layers x (warm invoke + one
