@@ -27,9 +27,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from slo_plan import ARRIVALS, MODEL, cheapest_met, met, setting, summary_of
+from slo_plan import ARRIVALS, MODEL, REPO, cheapest_met, met, setting, summary_of
 
-REPO = Path(__file__).resolve().parent.parent
 FACTOR = "1.5"
 MODES = ("pinged", "provisioned_only")
 

@@ -98,7 +98,7 @@ from moeless.planning.cost_model import EXPERT_DTYPES, MEMORY_OPTIONS_MB
 from moeless.planning.packing import pack_across_layers, pack_within_layer
 from moeless.simulation.policies import Deployment, plan_for_policy, simulate_policy
 from moeless.simulation.routing import RecordedRouting, StepRouting
-from moeless.simulation.simulator import PolicyResult, PrewarmModel, Request, Simulator
+from moeless.simulation.simulator import PolicyResult, PrewarmModel, Request
 
 DEFAULT_REPLICA_SCALES = (1, 4)
 STALL_STEPS = 4  # chunked prefill: the decode steps the stall probe averages, each beside a full chunk
@@ -257,22 +257,12 @@ def stall_tpot_ms(plan: Plan, deployment: Deployment, routing: StepRouting) -> f
     """The decoding sequences' p99 TPOT in the :func:`stall_probe`, every environment warm.
 
     What the plan's structure (replicas, packing, memory) and the engine's chunk allow, warmth
-    aside: the oracle simulator (every replica it needs warm and free) on one step loop, so the
-    prompt joins the decoding batch.
+    aside: the oracle policy (every replica it needs warm and free) on one backbone instance, one
+    step loop, so the prompt joins the decoding batch.
     """
-    result = Simulator(
-        plan,
-        routing,
-        deployment.expert_size(),
-        deployment.model,
-        deployment.gpu_model(),
-        replace(deployment.hardware(serverful=False), loops=1),
-        oracle=True,
-        max_batch=deployment.max_batch,
-        prefill_chunk=deployment.prefill_chunk,
-        compute_speedup=EXPERT_DTYPES[deployment.expert_dtype].compute_speedup,
-        timeline=False,
-    ).run(stall_probe(deployment), 0.0)
+    one_loop = replace(deployment, backbone=replace(deployment.backbone, count=1))
+    probe = stall_probe(deployment)
+    result = simulate_policy("oracle", one_loop, routing, probe, 0.0, plan=plan, timeline=False)
     return float(np.percentile(result.tpot_ms, 99))
 
 
