@@ -20,12 +20,15 @@ to the rate, the first WINDOW seconds):
    made on the planning trace, then replayed on the held-out trace: SLO met, $ per 1k requests,
    the fleet's $ for the same requests, p99 TPOT over the floor, cold starts per invoke.
 2. The brute-force baseline: the same placement, replicas and memory as the provisioned-only plan
-   with every function at one uniform provisioned concurrency (0, 1, 2), replayed on the held-out
-   trace; the cheapest that meets the SLO. Where the SLO is out of reach on the planning trace,
+   with every function at one uniform provisioned concurrency, replayed on the held-out trace;
+   the cheapest that meets the SLO. The levels: 0, 1, 2 and every level up to the most any
+   function can have in use at once (``reach_of``: 4 with x4 replicas and chunks of 256, where
+   the top level keeps every level in reach warm); where that top is above MAX_SWEPT (whole
+   prompts), 0, 1, 2 and the top alone. Where the SLO is out of reach on the planning trace,
    ``plan`` refuses it: the fastest plan is replayed for what it shows, with no ratio.
 3. The same uniform levels on the planning trace: the optimiser against the brute force on the
-   traffic it planned on, where no shift between traces plays a part (a case file written before
-   this sweep gets it on the next run). The cheapest level there is the brute force sized with
+   traffic it planned on, where no shift between traces plays a part (a case file that lacks a
+   level, on either trace, gets it on the next run). The cheapest level there is the brute force sized with
    what the optimiser knows; its held-out replay (from step 2) gives the last column: whether
    that level meets the SLO held out, and each plan's held-out cost over its. Step 2's brute force
    instead picks its level knowing the held-out trace.
@@ -62,6 +65,7 @@ ARRIVALS = {
 LOADS = DATA / "routing" / "olmoe_c4.json"
 MODEL = "deepseek-v3"
 UNIFORM_LEVELS = (0, 1, 2)
+MAX_SWEPT = 8  # above this many levels in reach, only the top one is swept beyond UNIFORM_LEVELS
 REACH_MARGIN = 1.25
 
 
@@ -110,8 +114,8 @@ def one_case(
 ) -> dict[str, Any]:
     """One rate and direction: the frontier of each mode on the planning trace (every grid point,
     so each SLO's choice is the one ``plan --slo-tpot-ms`` makes), each SLO's choice replayed on
-    the held-out trace, and with ``full`` the provisioned-only mode and the uniform sweep too."""
-    from moeless.planning.concurrency import Warmth, with_concurrency
+    the held-out trace, and with ``full`` the provisioned-only mode too (``sweep_uniform`` adds
+    its uniform levels)."""
     from moeless.simulation.policies import simulate_policy
     from moeless.simulation.sizing import (
         Slo,
@@ -163,55 +167,54 @@ def one_case(
                 "planning": chosen.row(),
                 "held_out": replayed[id(chosen.plan)],
             }
-            if name == "provisioned_only":
-                sweep = {}
-                for level in UNIFORM_LEVELS:
-                    key = (chosen.packing, chosen.replica_scale, chosen.prefill_chunk, level)
-                    if key not in replayed:
-                        uniform = {f.name: Warmth(level, 0) for f in chosen.plan.functions}
-                        plan = with_concurrency(chosen.plan, uniform)
-                        replayed[key] = replay(plan, chosen.prefill_chunk)  # type: ignore[index]
-                    sweep[str(level)] = replayed[key]  # type: ignore[index]
-                entry["uniform"] = sweep
         case["slos"][label] = entry
     return case
 
 
-def sweep_planning(case: dict[str, Any]) -> bool:
-    """Add the uniform levels on the planning trace to each provisioned-only choice of ``case``
-    (``uniform_planning``, in place); whether anything was added."""
+def sweep_uniform(case: dict[str, Any]) -> bool:
+    """Add the uniform levels (the module doc, step 2) missing from each provisioned-only choice of
+    ``case``, in place: replayed on the held-out trace (``uniform``) and on the planning trace
+    (``uniform_planning``), each on the choice's structure, after a quiet. Whether anything was
+    added (a case file written before a level was swept gets it on the next run)."""
     import functools
 
     from moeless.planning.concurrency import Warmth, with_concurrency, with_memory, with_replicas
     from moeless.planning.packing import pack_across_layers
     from moeless.simulation.policies import plan_for_policy, simulate_policy
-    from moeless.simulation.sizing import memory_for_experts, pair_scores
+    from moeless.simulation.sizing import memory_for_experts, pair_scores, reach_of
 
     window = case["window_s"]
     deployment, routing, planning = setting(case["rate"], case["plan_on"], window)
+    traces = {"uniform": setting(case["rate"], case["judge_on"], window)[2], "uniform_planning": planning}
     loads = routing.loads()
-    swept: dict[tuple[Any, ...], dict[str, Any]] = {}
+    swept: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
     added = False
     for entry in case["slos"].values():
-        if "provisioned_only" not in entry or "uniform_planning" in entry:
+        if "provisioned_only" not in entry:
             continue
         row = entry["provisioned_only"]["planning"]
         shape = (row["packing"], row["replica_scale"], row["memory_mb"], row["prefill_chunk"] or None)
-        if shape not in swept:
-            packing, scale, memory, chunk = shape
-            variant = replace(deployment, prefill_chunk=chunk)
-            base = with_concurrency(plan_for_policy("moeless", loads, variant), {})
-            memory_for = functools.partial(memory_for_experts, variant)
-            packed = pack_across_layers(base, packing, pair_scores(routing, loads), memory_for)
-            plan = with_replicas(with_memory(packed, memory), scale)
-            swept[shape] = {}
-            for level in UNIFORM_LEVELS:
-                uniform = with_concurrency(plan, {f.name: Warmth(level, 0) for f in plan.functions})
-                result = simulate_policy("moeless", variant, routing, planning, window, plan=uniform,
-                                         warm_up=False, timeline=False)  # fmt: skip
-                swept[shape][str(level)] = summary_of(result)
-        entry["uniform_planning"] = swept[shape]
-        added = True
+        packing, scale, memory, chunk = shape
+        variant = replace(deployment, prefill_chunk=chunk)
+        base = with_concurrency(plan_for_policy("moeless", loads, variant), {})
+        memory_for = functools.partial(memory_for_experts, variant)
+        packed = pack_across_layers(base, packing, pair_scores(routing, loads), memory_for)
+        plan = with_replicas(with_memory(packed, memory), scale)
+        top = max(reach_of(plan, variant).values())
+        levels = sorted(set(UNIFORM_LEVELS) | (set(range(top + 1)) if top <= MAX_SWEPT else {top}))
+        for key, trace in traces.items():
+            done = swept.setdefault(shape, {}).setdefault(key, {}) | entry.get(key, {})
+            for level in levels:
+                if str(level) not in done:
+                    print(f"   uniform level {level} of {shape} on {key}", flush=True)
+                    uniform = with_concurrency(plan, {f.name: Warmth(level, 0) for f in plan.functions})
+                    result = simulate_policy("moeless", variant, routing, trace, window, plan=uniform,
+                                             warm_up=False, timeline=False)  # fmt: skip
+                    done[str(level)] = summary_of(result)
+            swept[shape][key] = done
+            if entry.get(key) != done:
+                entry[key] = dict(sorted(done.items(), key=lambda pair: int(pair[0])))
+                added = True
     return added
 
 
@@ -315,7 +318,7 @@ def main() -> None:
                 case = one_case(rate, plan_on, judge_on, args.window, factors, full, chunks, args.stall_bound)
                 path.write_text(json.dumps(case, indent=1))
             case = json.loads(path.read_text())
-            if full and sweep_planning(case):
+            if full and sweep_uniform(case):
                 path.write_text(json.dumps(case, indent=1))
             cases.append(case)
     text = table(cases)

@@ -442,6 +442,15 @@ def size_for_slo(
     return sizing
 
 
+def reach_of(plan: Plan, deployment: Deployment) -> dict[str, int]:
+    """Each function's levels in reach (:func:`levels_in_reach`) on ``deployment``: a step carries
+    at most a chunk (whole prompts: one as long as the deployment admits) beside a full decode
+    batch, on each of the backbone's step loops."""
+    rows = (deployment.prefill_chunk or deployment.context_tokens) + deployment.max_batch
+    loops = deployment.hardware(serverful=False).loops
+    return levels_in_reach(plan, rows, max_tokens_per_request(deployment.expert_size().hidden), loops)
+
+
 @dataclass
 class _Structure:
     """One candidate's structure: the deployment variant (dtype, chunk), and the plan's packing,
@@ -456,12 +465,8 @@ class _Structure:
     stall_ms: float | None = None  # the stall probe's p99 TPOT, with the stall bound
 
     def reach(self) -> dict[str, int]:
-        """Each function's levels in reach (:func:`levels_in_reach`): a step carries at most a
-        chunk (whole prompts: one as long as the deployment admits) beside a full decode batch."""
-        variant = self.variant
-        rows = (variant.prefill_chunk or variant.context_tokens) + variant.max_batch
-        loops = variant.hardware(serverful=False).loops
-        return levels_in_reach(self.plan, rows, max_tokens_per_request(variant.expert_size().hidden), loops)
+        """Each function's levels in reach on this structure's deployment (:func:`reach_of`)."""
+        return reach_of(self.plan, self.variant)
 
     def family(
         self,
