@@ -38,7 +38,9 @@ trace: nothing warm but what the plan keeps warm (not the deployment's one-off w
 
 With ``--stall-bound`` every plan also meets the optimiser's stall bound (``plan --stall-bound``:
 p99 TPOT within the SLO for a full batch decoding beside a prefill chunk, every environment warm);
-its cases are written apart (``_stall``).
+its cases are written apart (``_stall``). With ``--uniform-levels`` each structure's family also
+holds the brute force's plans (``plan --uniform-levels``); its cases are written apart too
+(``_uniform``).
 
 With ``--prefill-chunks`` the optimiser also chooses the engine's prefill chunk (0: whole prompts,
 the default and the only choice without it); each plan is replayed with the chunk it was sized
@@ -111,6 +113,7 @@ def one_case(
     full: bool,
     chunks: list[int | None],
     stall_bound: bool = False,
+    uniform_levels: bool = False,
 ) -> dict[str, Any]:
     """One rate and direction: the frontier of each mode on the planning trace (every grid point,
     so each SLO's choice is the one ``plan --slo-tpot-ms`` makes), each SLO's choice replayed on
@@ -139,7 +142,8 @@ def one_case(
         return summary_of(result)
 
     case: dict[str, Any] = {"rate": rate, "plan_on": plan_on, "judge_on": judge_on, "window_s": window_s,
-                            "floor_ms": floor, "stall_bound": stall_bound, "slos": {}}  # fmt: skip
+                            "floor_ms": floor, "stall_bound": stall_bound, "uniform_levels": uniform_levels,
+                            "slos": {}}  # fmt: skip
     fleet = simulate_policy("static", deployment, routing, held_out, window_s, timeline=False)
     case["fleet"] = summary_of(fleet) | {"label": deployment.fleet.label()}
     modes = (("pinged", True), ("provisioned_only", False)) if full else (("pinged", True),)
@@ -147,7 +151,7 @@ def one_case(
     for name, keep_warm in modes:
         sizing = size_for_slo("moeless", deployment, routing, planning, window_s, Slo(float("inf")),
                               memory_options=memory, keep_warm=keep_warm, prefill_chunks=chunks,
-                              stall_bound=stall_bound)  # fmt: skip
+                              stall_bound=stall_bound, uniform_levels=uniform_levels)  # fmt: skip
         frontiers[name] = sizing.points
         case[f"frontier_{name}"] = [p.row() for p in sizing.points]
     replayed: dict[int, dict[str, Any]] = {}
@@ -242,6 +246,7 @@ def table(cases: list[dict[str, Any]]) -> str:
     for case in cases:
         fleet = case["fleet"]["usd_per_1k_requests"]
         bounded = " (stall bound)" if case.get("stall_bound") else ""
+        bounded += " (uniform levels)" if case.get("uniform_levels") else ""
         for factor, entry in case["slos"].items():
             slo_ms = entry["slo_tpot_ms"]
             brute = cheapest_met(entry.get("uniform", {}), slo_ms)
@@ -294,6 +299,7 @@ def main() -> None:
     parser.add_argument("--directions", default="", help="plan:judge pairs, e.g. conv:code [all]")
     parser.add_argument("--prefill-chunks", default="0", help="chunks the optimiser may choose; 0: whole")
     parser.add_argument("--stall-bound", action="store_true", help="plans also meet the stall bound")
+    parser.add_argument("--uniform-levels", action="store_true", help="families hold the uniform levels")
     parser.add_argument("--out", type=Path, default=REPO / ".moeless" / "bench" / "slo")
     args = parser.parse_args()
     if not ARRIVALS["code"].is_file():
@@ -305,6 +311,7 @@ def main() -> None:
     wanted = {tuple(d.split(":")) for d in args.directions.split(",") if d}
     suffix = "" if chunks == [None] else "_chunks" + "-".join(str(c or 0) for c in chunks)
     suffix += "_stall" if args.stall_bound else ""
+    suffix += "_uniform" if args.uniform_levels else ""
     cases = []
     for rate in (float(r) for r in args.rates.split(",")):
         full = rate in full_rates
@@ -315,7 +322,8 @@ def main() -> None:
             path = args.out / f"{MODEL}_{rate:g}_{plan_on}_{judge_on}_{args.window:g}{suffix}.json"
             if not path.is_file():
                 print(f"== {MODEL} at {rate:g}/s: plan on {plan_on}, judge on {judge_on}", flush=True)
-                case = one_case(rate, plan_on, judge_on, args.window, factors, full, chunks, args.stall_bound)
+                case = one_case(rate, plan_on, judge_on, args.window, factors, full, chunks, args.stall_bound,
+                                args.uniform_levels)  # fmt: skip
                 path.write_text(json.dumps(case, indent=1))
             case = json.loads(path.read_text())
             if full and sweep_uniform(case):

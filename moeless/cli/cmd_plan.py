@@ -155,6 +155,13 @@ from moeless.contracts.plan import Placement, Policy
     "pinged where provisioning does not pay and pings are allowed), not only the levels the traffic "
     "used: no cold start on the request path whatever the traffic, at that price.",
 )
+@click.option(
+    "--uniform-levels",
+    is_flag=True,
+    help="With --slo-tpot-ms: also judge the brute force's plans, every function warm to one level "
+    "(0 to 4, capped at the levels a step can use), so the plan never costs more than one of them "
+    "that meets the SLO on this traffic; up to 4 more simulations per candidate structure.",
+)
 @traffic_options
 @deployment_options
 @click.option("-o", "--output", required=True, type=click.Path(dir_okay=False, path_type=Path))
@@ -185,6 +192,7 @@ def plan(
     no_keep_warm: bool,
     stall_bound: bool,
     every_level: bool,
+    uniform_levels: bool,
     output: Path,
     **traffic: Any,
 ) -> None:
@@ -206,6 +214,7 @@ def plan(
         traffic["replan_s"] = replan_s
         traffic["stall_bound"] = stall_bound
         traffic["every_level"] = every_level
+        traffic["uniform_levels"] = uniform_levels
         _sized(
             policy,
             loads_path,
@@ -220,13 +229,13 @@ def plan(
         return
     sized_only = (
         memory_options, replica_scales, packings, groups, allowed_dtypes, allowed_chunks, frontier,
-        no_keep_warm, replan_s, stall_bound, every_level,
+        no_keep_warm, replan_s, stall_bound, every_level, uniform_levels,
     )  # fmt: skip
     if slo_ttft_ms is not None or any(sized_only):
         raise click.UsageError(
             "--slo-ttft-ms, --memory-mb, --replica-scale, --packing, --group-experts, "
             "--allow-expert-dtype, --allow-prefill-chunk, --frontier, --replan-interval, "
-            "--no-keep-warm, --stall-bound and --warm-every-level go with --slo-tpot-ms"
+            "--no-keep-warm, --stall-bound, --warm-every-level and --uniform-levels go with --slo-tpot-ms"
         )
     from moeless.contracts.loads import load_loads
     from moeless.contracts.manifest import load_manifest
@@ -337,6 +346,7 @@ def _sized(
                 replica_scales=traffic["replica_scales"], keep_warm=traffic["keep_warm"],
                 replan_s=traffic["replan_s"], packings=traffic["packings"], groups=traffic["groups"],
                 stall_bound=traffic["stall_bound"], every_level=traffic["every_level"],
+                uniform_levels=traffic["uniform_levels"],
                 expert_dtypes=traffic["expert_dtypes"], prefill_chunks=traffic["prefill_chunks"],
                 seed=traffic["seed"], progress=True,
             )  # fmt: skip
@@ -371,6 +381,8 @@ def _sized(
         + (
             "(every level a step can use)"
             if traffic["every_level"]
+            else f"(every function warm to level {chosen.uniform_level})"
+            if chosen.uniform_level is not None
             else f"(cold start priced at ${chosen.usd_per_cold_start:g})"
         )
     )

@@ -60,6 +60,13 @@
    (:func:`~moeless.planning.concurrency.levels_in_reach`): provisioned, or with pings allowed
    pinged above the levels provisioning pays for outright. No cold start on the request path
    whatever the traffic, at a price known in advance.
+8. **Uniform levels** (``uniform_levels``, ``plan --uniform-levels``): step 3's rule keeps a
+   level where its cold starts pay for it, so where every level's first use is its only cold
+   start (two requests twenty minutes apart) it cannot tell level 1 from level 4 and keeps all
+   or none. With this, each structure's family also holds the brute force's plans: every
+   function warm to one level, 0 up to ``MAX_UNIFORM_LEVEL`` (each capped at the function's
+   levels in reach; warm as in step 7), one simulation each. On its planning traffic the chosen
+   plan then never costs more than a uniform level of its structure that meets the SLO.
 
 Why the simulator in the loop rather than a queueing bound alone: an MoE step's invokes are not a
 Poisson stream (a prefill touches every expert of every layer at once; decode touches a few per
@@ -104,6 +111,7 @@ DEFAULT_REPLICA_SCALES = (1, 4)
 STALL_STEPS = 4  # chunked prefill: the decode steps the stall probe averages, each beside a full chunk
 DEFAULT_PACKINGS = (1, 4)  # experts of consecutive layers per function
 DEFAULT_GROUPS = (1,)  # experts of one layer per function (bundled invokes); more only when asked
+MAX_UNIFORM_LEVEL = 4  # the highest uniform level judged with uniform_levels (x4 replicas: every level)
 
 # $ per cold start on the request path: 0, 1e-5 .. 10 in quarter decades, and infinity
 PRICE_GRID: tuple[float, ...] = (0.0, *(10 ** (k / 4) for k in range(-20, 5)), math.inf)
@@ -147,6 +155,7 @@ class FrontierPoint:
     group: int = 1  # experts of one layer per function, one bundled invoke
     prefill_chunk: int | None = None  # prompt tokens per engine step; None: whole prompts
     stall_tpot_ms: float | None = None  # the stall probe's p99 TPOT (None: not probed)
+    uniform_level: int | None = None  # every function warm to this level (None: sized per level)
 
     @property
     def usd_per_1k(self) -> float:
@@ -173,6 +182,7 @@ class FrontierPoint:
             "prefill_chunk": self.prefill_chunk or "",
             "usd_per_cold_start": self.usd_per_cold_start,
             "stall_tpot_ms_p99": "" if self.stall_tpot_ms is None else self.stall_tpot_ms,
+            "uniform_level": "" if self.uniform_level is None else self.uniform_level,
             "provisioned": self.provisioned,
             "keep_warm": self.keep_warm,
             "usd_per_1k_requests": self.usd_per_1k,
@@ -360,6 +370,7 @@ def size_for_slo(
     replan_s: float | None = None,
     stall_bound: bool = False,
     every_level: bool = False,
+    uniform_levels: bool = False,
     prewarm: dict[str, PrewarmModel] | None = None,
     seed: int = 0,
     progress: bool = False,
@@ -423,6 +434,8 @@ def size_for_slo(
         else:
             for price in PRICE_GRID:
                 family.point(price)
+            if uniform_levels:
+                family.uniform_levels(structure.reach())
         points += family.points
     floor = min(floors)
     feasible = [p for p in points if slo.met(p.summary) and slo.stall_met(p.stall_tpot_ms)]
@@ -543,14 +556,27 @@ class _Family:
         return self._judged(price, with_concurrency(structure.plan, warmth))
 
     def every_level(self, reach: dict[str, int]) -> FrontierPoint:
-        """The plan that keeps warm every level of ``reach`` (:func:`levels_in_reach`): provisioned,
-        or, with pings allowed, pinged above the levels that provisioning pays for outright."""
+        """The plan that keeps warm every level of ``reach`` (:func:`levels_in_reach`)."""
+        return self._warm_to(reach)
+
+    def uniform_levels(self, reach: dict[str, int]) -> list[FrontierPoint]:
+        """The brute force's plans on this structure: every function warm to one level, 0 up to
+        :data:`MAX_UNIFORM_LEVEL`, each capped at the function's levels in ``reach``."""
+        top = min(max(reach.values(), default=0), MAX_UNIFORM_LEVEL)
+        return [
+            self._warm_to({name: min(level, most) for name, most in reach.items()}, uniform_level=level)
+            for level in range(top + 1)
+        ]
+
+    def _warm_to(self, levels: dict[str, int], uniform_level: int | None = None) -> FrontierPoint:
+        """The plan that keeps ``levels`` of each function warm: provisioned, or, with pings
+        allowed, pinged above the levels that provisioning pays for outright."""
         structure = self.structure
         if self.ping_usd is None:  # provisioned only: no probe needed
-            warmth = {name: Warmth(level, 0) for name, level in reach.items()}
+            warmth = {name: Warmth(level, 0) for name, level in levels.items()}
         else:
             warmth = {}
-            for name, level in reach.items():
+            for name, level in levels.items():
                 demand = self.probe.demand.get(name)
                 kept = (
                     provisioned_for(demand, self.span_s, structure.memory_mb, 0.0, ping_usd=self.ping_usd)
@@ -559,9 +585,9 @@ class _Family:
                 )
                 provisioned = min(kept.provisioned, level)
                 warmth[name] = Warmth(provisioned, level - provisioned)
-        return self._judged(math.inf, with_concurrency(structure.plan, warmth))
+        return self._judged(math.inf, with_concurrency(structure.plan, warmth), uniform_level)
 
-    def _judged(self, price: float, sized: Plan) -> FrontierPoint:
+    def _judged(self, price: float, sized: Plan, uniform_level: int | None = None) -> FrontierPoint:
         structure = self.structure
         if self.replan is not None:  # the re-planner prices cold starts as the plan was sized
             params = self.replan | {"usd_per_cold_start": None if math.isinf(price) else price}
@@ -582,6 +608,7 @@ class _Family:
             group=structure.group,
             prefill_chunk=structure.variant.prefill_chunk,
             stall_tpot_ms=structure.stall_ms,
+            uniform_level=uniform_level,
         )
         self.points.append(found)
         return found
@@ -598,9 +625,10 @@ def _annotated(chosen: FrontierPoint, sizing: Sizing, deployment: Deployment) ->
             "slo_tpot_ms_p99": sizing.slo.tpot_ms,
             "slo_ttft_ms_p99": sizing.slo.ttft_ms,
             # JSON has no infinity: null is "every level that saw a cold start" (or, with
-            # every_level, every level in reach)
+            # every_level or a uniform level, not priced level by level)
             "usd_per_cold_start": None if math.isinf(price := chosen.usd_per_cold_start) else price,
             "every_level": sizing.every_level,
+            "uniform_level": chosen.uniform_level,  # None: sized level by level
             "memory_mb": chosen.memory_mb,
             "replica_scale": chosen.replica_scale,
             "packing": chosen.packing,

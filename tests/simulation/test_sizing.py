@@ -210,7 +210,7 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
     unsized = runner.invoke(
         cli, ["plan", *common, "--policy", "moeless", "--stall-bound", "-o", str(plan_path)]
     )
-    assert unsized.exit_code == 2 and "--warm-every-level go with --slo-tpot-ms" in unsized.output
+    assert unsized.exit_code == 2 and "--uniform-levels go with --slo-tpot-ms" in unsized.output
     sized = runner.invoke(
         cli,
         ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "1e7", "--frontier", "--prefill-chunk", "8",
@@ -668,3 +668,39 @@ def test_the_best_reachable_latency_is_that_of_a_plan_that_completed_its_request
     assert sizing.best_latency() is slow  # finishing none reports a p99 of 0: no latency at all
     with pytest.raises(SloUnreachable, match="best reached is p99 TPOT 900.0 ms"):
         raise SloUnreachable(sizing)
+
+
+def test_with_uniform_levels_the_plan_never_costs_more_than_a_uniform_level_that_meets():
+    """Each structure's family also holds the brute force's plans: every function warm to one
+    level, capped at its levels in reach. The chosen plan then costs no more than any uniform
+    level that meets the SLO on the planning traffic, replayed here on its own (uncapped)."""
+    deployment = replace(Deployment.choose(one_expert_shape()), prefill_chunk=256)
+    routing = SampledRouting.from_loads(Loads({0: np.array([4.0, 3, 2, 1])}, {"top_k": 1}), 1, [0], 1)
+    alone = [Request(400.0 * n, 1024, 8, n) for n in range(3)]
+    options = {"memory_options": [MB], "packings": [1], "replica_scales": [2], "keep_warm": False}
+    slo = Slo(1e9, ttft_ms=1e9)
+    sizing = size_for_slo("moeless", deployment, routing, alone, 1200.0, slo, uniform_levels=True, **options)
+    uniform = {p.uniform_level: p for p in sizing.points if p.uniform_level is not None}
+    reach = {"moeless-l000-e000": 6, "moeless-l000-e001": 4, "moeless-l000-e002": 2, "moeless-l000-e003": 2}
+    assert sorted(uniform) == [0, 1, 2, 3, 4]
+    for level, point in uniform.items():
+        warm = {f.name: f.provisioned_concurrency for f in point.plan.functions}
+        assert warm == {name: min(level, most) for name, most in reach.items()}
+    assert len(sizing.points) == len(PRICE_GRID) + len(uniform)
+
+    # a TTFT bound the family's price rule meets only by keeping every level (each level's first
+    # use is its only cold start, so it keeps all or none), and uniform level 2 meets for less
+    bound = Slo(1e9, ttft_ms=uniform[2].summary["ttft_ms_p99"])
+    assert not bound.met(uniform[0].summary)
+    priced = size_for_slo("moeless", deployment, routing, alone, 1200.0, bound, **options).chosen
+    chosen = size_for_slo("moeless", deployment, routing, alone, 1200.0, bound, uniform_levels=True,
+                          **options).chosen  # fmt: skip
+    assert priced is not None and chosen is not None and bound.met(chosen.summary)
+    assert chosen.usd_per_1k < priced.usd_per_1k and chosen.uniform_level is not None
+    for level in range(5):
+        plan = with_concurrency(chosen.plan, {f.name: Warmth(level) for f in chosen.plan.functions})
+        replayed = simulate_policy("moeless", deployment, routing, alone, 1200.0, plan=plan, warm_up=False,
+                                   timeline=False).summary()  # fmt: skip
+        if bound.met(replayed):
+            assert chosen.usd_per_1k <= replayed["usd_per_1k_requests"] + 1e-9
+    assert chosen.plan.params["sizing"]["uniform_level"] == chosen.uniform_level
