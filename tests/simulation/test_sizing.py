@@ -214,7 +214,7 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
     sized = runner.invoke(
         cli,
         ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "1e7", "--frontier", "--prefill-chunk", "8",
-         "--stall-bound", "-o", str(plan_path)],
+         "--stall-bound", "--uniform-levels", "-o", str(plan_path)],
     )  # fmt: skip
     assert sized.exit_code == 0, sized.output
     assert "stall bound: p99 TPOT" in sized.output
@@ -231,6 +231,7 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
     packing = plan.params["sizing"]["packing"]
     assert len(plan.functions) == 32 * 8 // packing and all(f.memory_mb <= 10240 for f in plan.functions)
     rows = list(csv.DictReader(plan_path.with_suffix(".frontier.csv").open()))
+    assert "uniform_level" in plan.params["sizing"] and {r["uniform_level"] for r in rows} >= {"", "0", "1"}
     assert {r["policy"] for r in rows} >= {"moeless", "static"} and plan_path.with_suffix(
         ".frontier.png"
     ).is_file()
