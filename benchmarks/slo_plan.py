@@ -28,10 +28,10 @@ to the rate, the first WINDOW seconds):
    ``plan`` refuses it: the fastest plan is replayed for what it shows, with no ratio.
 3. The same uniform levels on the planning trace: the optimiser against the brute force on the
    traffic it planned on, where no shift between traces plays a part (a case file that lacks a
-   level, on either trace, gets it on the next run). The cheapest level there is the brute force sized with
-   what the optimiser knows; its held-out replay (from step 2) gives the last column: whether
-   that level meets the SLO held out, and each plan's held-out cost over its. Step 2's brute force
-   instead picks its level knowing the held-out trace.
+   level, on either trace, gets it on the next run). The cheapest level there is the brute force
+   sized with what the optimiser knows; its held-out replay (from step 2) gives the last column:
+   whether that level meets the SLO held out, and each plan's held-out cost over its. Step 2's
+   brute force instead picks its level knowing the held-out trace.
 
 Every replay on the held-out trace starts after a quiet, as the optimiser judges on the planning
 trace: nothing warm but what the plan keeps warm (not the deployment's one-off warm-up pass).
@@ -192,20 +192,24 @@ def sweep_uniform(case: dict[str, Any]) -> bool:
     traces = {"uniform": setting(case["rate"], case["judge_on"], window)[2], "uniform_planning": planning}
     loads = routing.loads()
     swept: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
+    built: dict[tuple[Any, ...], tuple[Any, Any, list[int]]] = {}  # shape -> variant, plan, levels
     added = False
     for entry in case["slos"].values():
         if "provisioned_only" not in entry:
             continue
         row = entry["provisioned_only"]["planning"]
         shape = (row["packing"], row["replica_scale"], row["memory_mb"], row["prefill_chunk"] or None)
-        packing, scale, memory, chunk = shape
-        variant = replace(deployment, prefill_chunk=chunk)
-        base = with_concurrency(plan_for_policy("moeless", loads, variant), {})
-        memory_for = functools.partial(memory_for_experts, variant)
-        packed = pack_across_layers(base, packing, pair_scores(routing, loads), memory_for)
-        plan = with_replicas(with_memory(packed, memory), scale)
-        top = max(reach_of(plan, variant).values())
-        levels = sorted(set(UNIFORM_LEVELS) | (set(range(top + 1)) if top <= MAX_SWEPT else {top}))
+        if shape not in built:
+            packing, scale, memory, chunk = shape
+            variant = replace(deployment, prefill_chunk=chunk)
+            base = with_concurrency(plan_for_policy("moeless", loads, variant), {})
+            memory_for = functools.partial(memory_for_experts, variant)
+            packed = pack_across_layers(base, packing, pair_scores(routing, loads), memory_for)
+            structure = with_replicas(with_memory(packed, memory), scale)
+            top = max(reach_of(structure, variant).values())
+            levels = sorted(set(UNIFORM_LEVELS) | (set(range(top + 1)) if top <= MAX_SWEPT else {top}))
+            built[shape] = (variant, structure, levels)
+        variant, plan, levels = built[shape]
         for key, trace in traces.items():
             done = swept.setdefault(shape, {}).setdefault(key, {}) | entry.get(key, {})
             for level in levels:
