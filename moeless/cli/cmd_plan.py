@@ -160,7 +160,8 @@ from moeless.contracts.plan import Placement, Policy
     is_flag=True,
     help="With --slo-tpot-ms: also judge the brute force's plans, every function warm to one level "
     "(0 to 4, capped at the levels a step can use), so the plan never costs more than one of them "
-    "that meets the SLO on this traffic; up to 4 more simulations per candidate structure.",
+    "that meets the SLO on this traffic; up to 4 more simulations per candidate structure. Not with "
+    "--warm-every-level.",
 )
 @traffic_options
 @deployment_options
@@ -205,6 +206,11 @@ def plan(
                     "--previous": previous, "--artifacts": artifacts}  # fmt: skip
         if given := [name for name, value in analytic.items() if value is not None]:
             raise click.UsageError(f"{', '.join(given)}: not with --slo-tpot-ms (the optimiser chooses)")
+        if every_level and uniform_levels:
+            raise click.UsageError(
+                "--warm-every-level or --uniform-levels: the first sizes one plan per structure, "
+                "the second adds to the plans priced level by level"
+            )
         traffic["keep_warm"] = not no_keep_warm
         traffic["replica_scales"] = list(replica_scales) or None
         traffic["packings"] = list(packings) or None

@@ -207,6 +207,9 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
         ],
     )
     assert mixed.exit_code == 2 and "--workers: not with --slo-tpot-ms" in mixed.output
+    both = runner.invoke(cli, ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "9",
+                               "--warm-every-level", "--uniform-levels", "-o", str(plan_path)])  # fmt: skip
+    assert both.exit_code == 2 and "--warm-every-level or --uniform-levels" in both.output
     unsized = runner.invoke(
         cli, ["plan", *common, "--policy", "moeless", "--stall-bound", "-o", str(plan_path)]
     )
