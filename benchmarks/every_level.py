@@ -27,7 +27,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from slo_plan import ARRIVALS, MODEL, REPO, cheapest_met, met, setting, summary_of
+from slo_plan import ARRIVALS, MODEL, REPO, cheapest_met, met, requests_of, setting, summary_of
 
 FACTOR = "1.5"
 MODES = ("pinged", "provisioned_only")
@@ -50,7 +50,7 @@ def every_level_case(case: dict[str, Any]) -> dict[str, Any]:
 
     window = case["window_s"]
     deployment, routing, planning = setting(case["rate"], case["plan_on"], window)
-    _, _, held_out = setting(case["rate"], case["judge_on"], window)
+    held_out = requests_of(case["rate"], case["judge_on"], window)
     entry = case["slos"][FACTOR]
     result: dict[str, Any] = {}
     for mode in MODES:

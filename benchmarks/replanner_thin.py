@@ -29,7 +29,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
-from slo_plan import setting, summary_of
+from slo_plan import requests_of, setting, summary_of
 
 from moeless.planning.concurrency import LONG_MEMORY_S
 
@@ -66,7 +66,7 @@ def main() -> None:
 
     deployment, routing, planning = setting(args.rate, "code", args.window)
     deployment = replace(deployment, prefill_chunk=CHUNK)
-    _, _, held_out = setting(args.rate, "conv", args.replay_window)
+    held_out = requests_of(args.rate, "conv", args.replay_window)
     memory = default_memory_options(deployment)[:1]
     floor = lambda_floor_ms(deployment, memory[0])
     slo = Slo(args.slo * floor)

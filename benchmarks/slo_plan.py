@@ -72,18 +72,25 @@ REACH_MARGIN = 1.25
 
 
 def setting(rate: float, trace: str, window_s: float) -> tuple[Any, Any, list[Any]]:
+    """The deployment, the routing and the requests of ``trace`` (:func:`requests_of`)."""
     from moeless.contracts.loads import load_loads
     from moeless.model.shapes import resolve_model
-    from moeless.simulation.arrivals import read_arrivals
-    from moeless.simulation.policies import Deployment, requests_for
+    from moeless.simulation.policies import Deployment
     from moeless.simulation.routing import SampledRouting
 
     shape = resolve_model(MODEL)
     loads = load_loads(LOADS)
     layers = list(shape.moe_layers)
     routing = SampledRouting.from_loads(loads, shape.top_k, layers, shape.num_layers, shape.num_experts, 0)
-    replay = requests_for(read_arrivals(ARRIVALS[trace]).rescaled(rate).cut(window_s))
-    return Deployment.choose(shape), routing, replay
+    return Deployment.choose(shape), routing, requests_of(rate, trace, window_s)
+
+
+def requests_of(rate: float, trace: str, window_s: float) -> list[Any]:
+    """The first ``window_s`` seconds of ``trace``'s arrivals rescaled to ``rate`` requests/s."""
+    from moeless.simulation.arrivals import read_arrivals
+    from moeless.simulation.policies import requests_for
+
+    return requests_for(read_arrivals(ARRIVALS[trace]).rescaled(rate).cut(window_s))
 
 
 def summary_of(result: Any) -> dict[str, Any]:
@@ -129,7 +136,7 @@ def one_case(
     )
 
     deployment, routing, planning = setting(rate, plan_on, window_s)
-    _, _, held_out = setting(rate, judge_on, window_s)
+    held_out = requests_of(rate, judge_on, window_s)
     memory = default_memory_options(deployment)[:1]
     floor = lambda_floor_ms(deployment, memory[0])
 
@@ -189,7 +196,7 @@ def sweep_uniform(case: dict[str, Any]) -> bool:
 
     window = case["window_s"]
     deployment, routing, planning = setting(case["rate"], case["plan_on"], window)
-    traces = {"uniform": setting(case["rate"], case["judge_on"], window)[2], "uniform_planning": planning}
+    traces = {"uniform": requests_of(case["rate"], case["judge_on"], window), "uniform_planning": planning}
     loads = routing.loads()
     swept: dict[tuple[Any, ...], dict[str, dict[str, Any]]] = {}
     built: dict[tuple[Any, ...], tuple[Any, Any, list[int]]] = {}  # shape -> variant, plan, levels
