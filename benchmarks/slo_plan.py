@@ -40,7 +40,10 @@ With ``--stall-bound`` every plan also meets the optimiser's stall bound (``plan
 p99 TPOT within the SLO for a full batch decoding beside a prefill chunk, every environment warm);
 its cases are written apart (``_stall``). With ``--uniform-levels`` each structure's family also
 holds the brute force's plans (``plan --uniform-levels``); its cases are written apart too
-(``_uniform``).
+(``_uniform``). With ``--every-level-premium P`` each structure's every-level plan is judged too
+and taken where it costs at most 1 + P times the structure's cheapest (``plan``'s default, 0.1;
+without the flag it is not judged, as the README's tables before it were measured); cases
+``_premiumP``.
 
 With ``--prefill-chunks`` the optimiser also chooses the engine's prefill chunk (0: whole prompts,
 the default and the only choice without it); each plan is replayed with the chunk it was sized
@@ -100,14 +103,15 @@ def summary_of(result: Any) -> dict[str, Any]:
     return {key: summary[key] for key in keys}
 
 
-def pick(points: list[Any], slo_ms: float) -> tuple[Any, bool]:
-    """The cheapest point meeting the SLO on the planning traffic (and the stall bound, where the
-    points were probed for it), else the fastest (unreachable)."""
-    from moeless.simulation.sizing import Slo, fastest_completing
+def pick(points: list[Any], slo_ms: float, premium: float | None = None) -> tuple[Any, bool]:
+    """The optimiser's choice for the SLO on the planning traffic (``choose``: the cheapest point
+    meeting it and the stall bound, where the points were probed for it, or with a ``premium`` an
+    every-level one), else the fastest (unreachable)."""
+    from moeless.simulation.sizing import Slo, choose, fastest_completing
 
-    feasible = [p for p in points if met(p.summary, slo_ms) and Slo(slo_ms).stall_met(p.stall_tpot_ms)]
-    if feasible:
-        return min(feasible, key=lambda p: (p.usd_per_1k, p.usd_per_cold_start)), True
+    chosen = choose(points, Slo(slo_ms), premium)
+    if chosen is not None:
+        return chosen, True
     return min(points, key=fastest_completing), False
 
 
@@ -121,6 +125,7 @@ def one_case(
     chunks: list[int | None],
     stall_bound: bool = False,
     uniform_levels: bool = False,
+    premium: float | None = None,
 ) -> dict[str, Any]:
     """One rate and direction: the frontier of each mode on the planning trace (every grid point,
     so each SLO's choice is the one ``plan --slo-tpot-ms`` makes), each SLO's choice replayed on
@@ -150,7 +155,7 @@ def one_case(
 
     case: dict[str, Any] = {"rate": rate, "plan_on": plan_on, "judge_on": judge_on, "window_s": window_s,
                             "floor_ms": floor, "stall_bound": stall_bound, "uniform_levels": uniform_levels,
-                            "slos": {}}  # fmt: skip
+                            "every_level_premium": premium, "slos": {}}  # fmt: skip
     fleet = simulate_policy("static", deployment, routing, held_out, window_s, timeline=False)
     case["fleet"] = summary_of(fleet) | {"label": deployment.fleet.label()}
     modes = (("pinged", True), ("provisioned_only", False)) if full else (("pinged", True),)
@@ -158,7 +163,8 @@ def one_case(
     for name, keep_warm in modes:
         sizing = size_for_slo("moeless", deployment, routing, planning, window_s, Slo(float("inf")),
                               memory_options=memory, keep_warm=keep_warm, prefill_chunks=chunks,
-                              stall_bound=stall_bound, uniform_levels=uniform_levels)  # fmt: skip
+                              stall_bound=stall_bound, uniform_levels=uniform_levels,
+                              every_level_premium=premium)  # fmt: skip
         frontiers[name] = sizing.points
         case[f"frontier_{name}"] = [p.row() for p in sizing.points]
     replayed: dict[int, dict[str, Any]] = {}
@@ -170,7 +176,7 @@ def one_case(
     for label, slo_ms in bounds.items():
         entry: dict[str, Any] = {"slo_tpot_ms": slo_ms}
         for name, points in frontiers.items():
-            chosen, reachable = pick(points, slo_ms)
+            chosen, reachable = pick(points, slo_ms, premium)
             if id(chosen.plan) not in replayed:
                 replayed[id(chosen.plan)] = replay(chosen.plan, chosen.prefill_chunk)
             entry[name] = {
@@ -258,6 +264,8 @@ def table(cases: list[dict[str, Any]]) -> str:
         fleet = case["fleet"]["usd_per_1k_requests"]
         bounded = " (stall bound)" if case.get("stall_bound") else ""
         bounded += " (uniform levels)" if case.get("uniform_levels") else ""
+        if case.get("every_level_premium") is not None:
+            bounded += f" (premium {case['every_level_premium']:g})"
         for factor, entry in case["slos"].items():
             slo_ms = entry["slo_tpot_ms"]
             brute = cheapest_met(entry.get("uniform", {}), slo_ms)
@@ -287,6 +295,8 @@ def table(cases: list[dict[str, Any]]) -> str:
                 warmth = f"{row['provisioned']}, {row['keep_warm']}"
                 if row.get("prefill_chunk"):
                     warmth += f", chunk {row['prefill_chunk']}"
+                if row.get("every_level"):
+                    warmth += ", every level"
                 shape = f"{name} ({row['packing']}, x{row['replica_scale']}, {warmth})"
                 lines.append(
                     f"| {case['rate']:g} | {case['plan_on']} -> {case['judge_on']}{bounded} "
@@ -311,6 +321,9 @@ def main() -> None:
     parser.add_argument("--prefill-chunks", default="0", help="chunks the optimiser may choose; 0: whole")
     parser.add_argument("--stall-bound", action="store_true", help="plans also meet the stall bound")
     parser.add_argument("--uniform-levels", action="store_true", help="families hold the uniform levels")
+    parser.add_argument(
+        "--every-level-premium", type=float, help="every level warm where within 1 + this (plan: 0.1)"
+    )
     parser.add_argument("--out", type=Path, default=REPO / ".moeless" / "bench" / "slo")
     args = parser.parse_args()
     if not ARRIVALS["code"].is_file():
@@ -323,6 +336,7 @@ def main() -> None:
     suffix = "" if chunks == [None] else "_chunks" + "-".join(str(c or 0) for c in chunks)
     suffix += "_stall" if args.stall_bound else ""
     suffix += "_uniform" if args.uniform_levels else ""
+    suffix += f"_premium{args.every_level_premium:g}" if args.every_level_premium is not None else ""
     cases = []
     for rate in (float(r) for r in args.rates.split(",")):
         full = rate in full_rates
@@ -334,7 +348,7 @@ def main() -> None:
             if not path.is_file():
                 print(f"== {MODEL} at {rate:g}/s: plan on {plan_on}, judge on {judge_on}", flush=True)
                 case = one_case(rate, plan_on, judge_on, args.window, factors, full, chunks, args.stall_bound,
-                                args.uniform_levels)  # fmt: skip
+                                args.uniform_levels, args.every_level_premium)  # fmt: skip
                 path.write_text(json.dumps(case, indent=1))
             case = json.loads(path.read_text())
             if full and sweep_uniform(case):

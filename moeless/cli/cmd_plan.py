@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from moeless.cli.options import deployment_options, model_option, traffic_options
 from moeless.contracts.environment import ALIAS
 from moeless.contracts.plan import Placement, Policy
+
+if TYPE_CHECKING:
+    from moeless.simulation.sizing import FrontierPoint
 
 
 @click.command()
@@ -156,6 +159,15 @@ from moeless.contracts.plan import Placement, Policy
     "used: no cold start on the request path whatever the traffic, at that price.",
 )
 @click.option(
+    "--every-level-premium",
+    "every_level_premium",
+    type=click.FloatRange(0),
+    help="With --slo-tpot-ms: also judge each structure's plan with every level a step can use kept "
+    "warm, and take it where it costs at most 1 + this times the structure's cheapest plan that "
+    "meets the SLO: insurance against traffic unlike this one's, at most that much dearer on it "
+    "[default: 0.1]. 0: only where it is cheapest.",
+)
+@click.option(
     "--uniform-levels",
     is_flag=True,
     help="With --slo-tpot-ms: also judge the brute force's plans, every function warm to one level "
@@ -193,6 +205,7 @@ def plan(
     no_keep_warm: bool,
     stall_bound: bool,
     every_level: bool,
+    every_level_premium: float | None,
     uniform_levels: bool,
     output: Path,
     **traffic: Any,
@@ -211,6 +224,11 @@ def plan(
                 "--warm-every-level or --uniform-levels: the first sizes one plan per structure, "
                 "the second adds to the plans priced level by level"
             )
+        if every_level and every_level_premium is not None:
+            raise click.UsageError(
+                "--warm-every-level or --every-level-premium: the first keeps every level warm "
+                "whatever it costs, the second only where it costs at most that premium"
+            )
         traffic["keep_warm"] = not no_keep_warm
         traffic["replica_scales"] = list(replica_scales) or None
         traffic["packings"] = list(packings) or None
@@ -221,6 +239,7 @@ def plan(
         traffic["stall_bound"] = stall_bound
         traffic["every_level"] = every_level
         traffic["uniform_levels"] = uniform_levels
+        traffic["every_level_premium"] = every_level_premium
         _sized(
             policy,
             loads_path,
@@ -235,13 +254,14 @@ def plan(
         return
     sized_only = (
         memory_options, replica_scales, packings, groups, allowed_dtypes, allowed_chunks, frontier,
-        no_keep_warm, replan_s, stall_bound, every_level, uniform_levels,
+        no_keep_warm, replan_s, stall_bound, every_level, uniform_levels, every_level_premium is not None,
     )  # fmt: skip
     if slo_ttft_ms is not None or any(sized_only):
         raise click.UsageError(
             "--slo-ttft-ms, --memory-mb, --replica-scale, --packing, --group-experts, "
             "--allow-expert-dtype, --allow-prefill-chunk, --frontier, --replan-interval, "
-            "--no-keep-warm, --stall-bound, --warm-every-level and --uniform-levels go with --slo-tpot-ms"
+            "--no-keep-warm, --stall-bound, --warm-every-level, --every-level-premium and --uniform-levels "
+            "go with --slo-tpot-ms"
         )
     from moeless.contracts.loads import load_loads
     from moeless.contracts.manifest import load_manifest
@@ -315,7 +335,7 @@ def _sized(
     from moeless.errors import SimulationError
     from moeless.simulation.inputs import deployment_for, replay_for, shape_and_routing
     from moeless.simulation.policies import simulate_policy
-    from moeless.simulation.sizing import Slo, SloUnreachable, size_for_slo
+    from moeless.simulation.sizing import DEFAULT_EVERY_LEVEL_PREMIUM, Slo, SloUnreachable, size_for_slo
 
     if policy not in ("moeless", "remoe"):
         raise click.UsageError("--slo-tpot-ms sizes the moeless or remoe policy")
@@ -343,8 +363,10 @@ def _sized(
         traffic["prefill_chunk"],
     )
     slo = Slo(slo_tpot_ms, slo_ttft_ms)
+    premium = traffic["every_level_premium"]
+    premium = DEFAULT_EVERY_LEVEL_PREMIUM if premium is None else premium
     click.echo(f"sizing {policy} for {slo.describe()} on {len(replay)} requests ({source}, {duration:g} s)")
-    sizings, chosen, floor_ms, failure = [], None, 0.0, None
+    sizings, chosen, floor_ms, paid, failure = [], None, 0.0, None, None
     for name in ("moeless", "remoe") if frontier else (policy,):
         try:
             sizing = size_for_slo(
@@ -353,6 +375,7 @@ def _sized(
                 replan_s=traffic["replan_s"], packings=traffic["packings"], groups=traffic["groups"],
                 stall_bound=traffic["stall_bound"], every_level=traffic["every_level"],
                 uniform_levels=traffic["uniform_levels"],
+                every_level_premium=None if traffic["every_level"] else premium,
                 expert_dtypes=traffic["expert_dtypes"], prefill_chunks=traffic["prefill_chunks"],
                 seed=traffic["seed"], progress=True,
             )  # fmt: skip
@@ -367,7 +390,7 @@ def _sized(
             continue
         sizings.append(sizing)
         if name == policy:
-            chosen, floor_ms = sizing.chosen, sizing.floor_ms
+            chosen, floor_ms, paid = sizing.chosen, sizing.floor_ms, sizing.premium_paid
     if frontier:
         from moeless.simulation.frontier import write_frontier
 
@@ -384,25 +407,44 @@ def _sized(
         f"{chosen.expert_dtype} experts, replicas x{chosen.replica_scale}, "
         f"{chosen.packing} layers' experts per function, {chosen.group} per layer, "
         f"{chosen.provisioned} provisioned environments, {chosen.keep_warm} kept warm by pings "
-        + (
-            "(every level a step can use)"
-            if traffic["every_level"]
-            else f"(every function warm to level {chosen.uniform_level})"
-            if chosen.uniform_level is not None
-            else f"(cold start priced at ${chosen.usd_per_cold_start:g})"
-        )
+        f"({_warmth(chosen, paid, premium)})"
     )
     if chosen.stall_tpot_ms is not None:
-        click.echo(
-            f"  stall bound: p99 TPOT {chosen.stall_tpot_ms:.1f} ms decoding beside a prefill, every "
-            f"environment warm"
-        )
+        click.echo(_stall_line(chosen.stall_tpot_ms, slo_tpot_ms, bounded=traffic["stall_bound"]))
     click.echo(
         f"  simulated after a quiet (nothing warm but what the plan keeps warm): "
         f"${summary['usd_per_1k_requests']:.2f} per 1k requests, p99 TPOT "
         f"{summary['tpot_ms_p99']:.1f} ms (Lambda floor {floor_ms:.1f}), p99 TTFT "
         f"{summary['ttft_ms_p99']:.1f} ms, cold starts {summary['cold_starts']} of "
         f"{summary['invokes']} invokes"
+    )
+
+
+def _warmth(chosen: FrontierPoint, paid: float | None, premium: float) -> str:
+    """How the chosen point's warmth was decided, as ``plan`` states it (``paid``: what keeping
+    every level warm cost over its structure's cheapest plan)."""
+    if chosen.every_level and paid is not None:
+        return (
+            f"every level a step can use, for {paid:.3f}x the cheapest plan of its structure: "
+            f"--every-level-premium {premium:g}"
+        )
+    if chosen.every_level:
+        return "every level a step can use"
+    if chosen.uniform_level is not None:
+        return f"every function warm to level {chosen.uniform_level}"
+    return f"cold start priced at ${chosen.usd_per_cold_start:g}"
+
+
+def _stall_line(stall_ms: float, slo_tpot_ms: float, bounded: bool) -> str:
+    """What the stall probe says of the chosen structure; a warning where it is over the SLO."""
+    line = f"p99 TPOT {stall_ms:.1f} ms decoding beside a prefill, every environment warm"
+    if bounded:
+        return f"  stall bound: {line}"
+    if stall_ms <= slo_tpot_ms:
+        return f"  stall probe: {line}, within the SLO"
+    return (
+        f"  warning: stall probe {line}, over the SLO: traffic whose prompts overlap decoding more "
+        "than this traffic's will miss it whatever is kept warm; --stall-bound sizes replicas for it"
     )
 
 

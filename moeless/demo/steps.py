@@ -126,6 +126,7 @@ def size_for_demo_slo(trace_dir: Path, manifest: Manifest, out: Path) -> tuple[P
     demo's simulated traffic; saved as ``out/moeless.json``. Returns it and the line the report
     states it with."""
     from moeless.simulation.sizing import (
+        DEFAULT_EVERY_LEVEL_PREMIUM,
         Slo,
         SloUnreachable,
         default_memory_options,
@@ -137,7 +138,10 @@ def size_for_demo_slo(trace_dir: Path, manifest: Manifest, out: Path) -> tuple[P
     floor = lambda_floor_ms(deployment, default_memory_options(deployment)[0])
     slo = Slo(SLO_FLOOR_FACTOR * floor, SLO_TTFT_MS)
     try:
-        sizing = size_for_slo("moeless", deployment, routing, replay, SIMULATED_S, slo)
+        sizing = size_for_slo(
+            "moeless", deployment, routing, replay, SIMULATED_S, slo,
+            every_level_premium=DEFAULT_EVERY_LEVEL_PREMIUM,  # as `plan` sizes by default
+        )  # fmt: skip
     except SloUnreachable as exc:
         best = exc.sizing.best_latency()
         plan, reached = best.plan, f"unreachable: {exc}; serving the fastest plan found"
@@ -151,7 +155,8 @@ def size_for_demo_slo(trace_dir: Path, manifest: Manifest, out: Path) -> tuple[P
     line = (
         f"moeless sized for {slo.describe()} ({SLO_FLOOR_FACTOR:g}x the Lambda floor of {floor:.1f} ms) "
         f"on {len(replay)} simulated requests ({ARRIVAL}): {reached}; {best.provisioned} provisioned "
-        f"environments, {best.keep_warm} kept warm by pings, replicas x{best.replica_scale}, "
+        f"environments, {best.keep_warm} kept warm by pings"
+        f"{' (every level a step can use)' if best.every_level else ''}, replicas x{best.replica_scale}, "
         f"{best.memory_mb} MB; simulated p99 TPOT {summary['tpot_ms_p99']:.1f} ms, "
         f"${summary['usd_per_1k_requests']:.4f} per 1k requests"
     )

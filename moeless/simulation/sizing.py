@@ -67,6 +67,17 @@
    function warm to one level, 0 up to ``MAX_UNIFORM_LEVEL`` (each capped at the function's
    levels in reach; warm as in step 7), one simulation each. On its planning traffic the chosen
    plan then never costs more than a uniform level of its structure that meets the SLO.
+9. **Every level's insurance** (``every_level_premium``, ``plan --every-level-premium P``, whose
+   default is 0.1): step 3 is cheapest on the planning traffic, and traffic it has not seen
+   meets the levels it left cold on the request path. With a premium, each structure's family
+   also holds step 7's plan, and where that plan meets the SLO for at most ``1 + P`` times the
+   structure's cheapest plan that meets it, it is that structure's pick; across structures the
+   cheapest pick wins. The default, 10%, is the tolerance the optimiser is held to against a
+   brute force: a plan that costs that much more on its own traffic is still a plan worth having,
+   and it leaves no cold start on any traffic's path. Per structure, not against the cheapest
+   plan of all: a tighter SLO leaves each structure fewer points that meet it, so (given that
+   every level warm is its structure's fastest plan) no structure's pick gets cheaper, and the
+   choice stays monotone in the SLO.
 
 Why the simulator in the loop rather than a queueing bound alone: an MoE step's invokes are not a
 Poisson stream (a prefill touches every expert of every layer at once; decode touches a few per
@@ -112,6 +123,8 @@ STALL_STEPS = 4  # chunked prefill: the decode steps the stall probe averages, e
 DEFAULT_PACKINGS = (1, 4)  # experts of consecutive layers per function
 DEFAULT_GROUPS = (1,)  # experts of one layer per function (bundled invokes); more only when asked
 MAX_UNIFORM_LEVEL = 4  # the highest uniform level judged with uniform_levels (x4 replicas: every level)
+# `plan`'s default every_level_premium: the 10% the optimiser is held to against a brute force
+DEFAULT_EVERY_LEVEL_PREMIUM = 0.1
 
 # $ per cold start on the request path: 0, 1e-5 .. 10 in quarter decades, and infinity
 PRICE_GRID: tuple[float, ...] = (0.0, *(10 ** (k / 4) for k in range(-20, 5)), math.inf)
@@ -154,8 +167,10 @@ class FrontierPoint:
     expert_dtype: str = "fp32"
     group: int = 1  # experts of one layer per function, one bundled invoke
     prefill_chunk: int | None = None  # prompt tokens per engine step; None: whole prompts
-    stall_tpot_ms: float | None = None  # the stall probe's p99 TPOT (None: not probed)
+    stall_tpot_ms: float | None = None  # the stall probe's p99 TPOT (None: not probed; without
+    # the stall bound only the chosen point is probed)
     uniform_level: int | None = None  # every function warm to this level (None: sized per level)
+    every_level: bool = False  # every level in reach warm (step 7)
 
     @property
     def usd_per_1k(self) -> float:
@@ -168,6 +183,18 @@ class FrontierPoint:
     @property
     def keep_warm(self) -> int:
         return sum(f.keep_warm for f in self.plan.functions)
+
+    @property
+    def structure(self) -> tuple[Any, ...]:
+        """What the point's family shares: memory, replicas, packing, grouping, dtype and chunk."""
+        return (
+            self.memory_mb,
+            self.replica_scale,
+            self.packing,
+            self.group,
+            self.expert_dtype,
+            self.prefill_chunk,
+        )
 
     def row(self) -> dict[str, Any]:
         """The point as a CSV row (frontier.csv)."""
@@ -183,6 +210,7 @@ class FrontierPoint:
             "usd_per_cold_start": self.usd_per_cold_start,
             "stall_tpot_ms_p99": "" if self.stall_tpot_ms is None else self.stall_tpot_ms,
             "uniform_level": "" if self.uniform_level is None else self.uniform_level,
+            "every_level": self.every_level,
             "provisioned": self.provisioned,
             "keep_warm": self.keep_warm,
             "usd_per_1k_requests": self.usd_per_1k,
@@ -205,6 +233,8 @@ class Sizing:
     floor_ms: float = 0.0  # the Lambda floor of TPOT: layers x (invoke overhead + slowest piece)
     stall_ms: float | None = None  # with the stall bound: the lowest stall probe TPOT of any structure
     every_level: bool = False  # each structure kept warm at every level in reach, not priced per level
+    every_level_premium: float | None = None  # step 9's premium (None: not judged)
+    premium_paid: float | None = None  # the chosen every-level plan's cost / its structure's cheapest
 
     def best_latency(self) -> FrontierPoint:
         """The point with the lowest p99 TPOT (what an unreachable SLO can have instead), among
@@ -371,6 +401,7 @@ def size_for_slo(
     stall_bound: bool = False,
     every_level: bool = False,
     uniform_levels: bool = False,
+    every_level_premium: float | None = None,
     prewarm: dict[str, PrewarmModel] | None = None,
     seed: int = 0,
     progress: bool = False,
@@ -436,23 +467,62 @@ def size_for_slo(
                 family.point(price)
             if uniform_levels:
                 family.uniform_levels(structure.reach())
+            if every_level_premium is not None:
+                family.every_level(structure.reach())
         points += family.points
-    floor = min(floors)
-    feasible = [p for p in points if slo.met(p.summary) and slo.stall_met(p.stall_tpot_ms)]
     sizing = Sizing(
         policy,
         slo,
-        min(feasible, key=lambda p: (p.usd_per_1k, p.usd_per_cold_start)) if feasible else None,
+        choose(points, slo, every_level_premium),
         points,
-        floor,
+        min(floors),
         stall_ms,
         every_level,
+        every_level_premium,
     )
     if sizing.chosen is None:
         raise SloUnreachable(sizing)
+    if sizing.chosen.every_level and every_level_premium is not None:
+        sizing.premium_paid = sizing.chosen.usd_per_1k / min(
+            p.usd_per_1k for p in points if p.structure == sizing.chosen.structure and slo.met(p.summary)
+        )
     chosen_variant = variants[(sizing.chosen.expert_dtype, sizing.chosen.prefill_chunk)]
+    if sizing.chosen.stall_tpot_ms is None:  # probed anyway, for what the plan says (step 6)
+        sizing.chosen.stall_tpot_ms = stall_tpot_ms(sizing.chosen.plan, chosen_variant, routing)
     sizing.chosen.plan = _annotated(sizing.chosen, sizing, chosen_variant)
     return sizing
+
+
+def _cheapest(point: FrontierPoint) -> tuple[float, float]:
+    """Sort key: cheapest first, then the lower price of a cold start (fewer environments kept)."""
+    return (point.usd_per_1k, point.usd_per_cold_start)
+
+
+def choose(points: list[FrontierPoint], slo: Slo, premium: float | None = None) -> FrontierPoint | None:
+    """The optimiser's choice among ``points`` for ``slo``: each structure's pick (its cheapest
+    point that meets it, or with a ``premium`` its every-level point: the module docstring, step
+    9), then the cheapest pick. ``None``: no point meets it."""
+    structures: dict[tuple[Any, ...], list[FrontierPoint]] = {}
+    for point in points:
+        structures.setdefault(point.structure, []).append(point)
+    picks = [p for group in structures.values() if (p := _structure_pick(group, slo, premium)) is not None]
+    return min(picks, key=_cheapest) if picks else None
+
+
+def _structure_pick(points: list[FrontierPoint], slo: Slo, premium: float | None) -> FrontierPoint | None:
+    """One structure's plan for ``slo``: its cheapest point that meets it, or, with a ``premium``,
+    its every-level point where that meets it for at most ``1 + premium`` times as much (the
+    module docstring, step 9). ``None``: no point of the structure meets it."""
+    feasible = [p for p in points if slo.met(p.summary) and slo.stall_met(p.stall_tpot_ms)]
+    if not feasible:
+        return None
+    cheapest = min(feasible, key=_cheapest)
+    if premium is None or cheapest.every_level:
+        return cheapest
+    insured = [p for p in feasible if p.every_level and p.usd_per_1k <= (1 + premium) * cheapest.usd_per_1k]
+    if not insured:
+        return cheapest
+    return min(insured, key=_cheapest)
 
 
 def reach_of(plan: Plan, deployment: Deployment) -> dict[str, int]:
@@ -557,7 +627,9 @@ class _Family:
 
     def every_level(self, reach: dict[str, int]) -> FrontierPoint:
         """The plan that keeps warm every level of ``reach`` (:func:`levels_in_reach`)."""
-        return self._warm_to(reach)
+        point = self._warm_to(reach)
+        point.every_level = True
+        return point
 
     def uniform_levels(self, reach: dict[str, int]) -> list[FrontierPoint]:
         """The brute force's plans on this structure: every function warm to one level, 0 up to
@@ -627,14 +699,17 @@ def _annotated(chosen: FrontierPoint, sizing: Sizing, deployment: Deployment) ->
             # JSON has no infinity: null is "every level that saw a cold start" (or, with
             # every_level or a uniform level, not priced level by level)
             "usd_per_cold_start": None if math.isinf(price := chosen.usd_per_cold_start) else price,
-            "every_level": sizing.every_level,
+            "every_level": chosen.every_level,
+            "every_level_premium": sizing.every_level_premium,  # None: insurance not judged
+            "premium_paid": sizing.premium_paid,  # x its structure's cheapest plan; None: not insured
             "uniform_level": chosen.uniform_level,  # None: sized level by level
             "memory_mb": chosen.memory_mb,
             "replica_scale": chosen.replica_scale,
             "packing": chosen.packing,
             "group": chosen.group,
             "lambda_floor_tpot_ms": sizing.floor_ms,
-            "stall_tpot_ms_p99": chosen.stall_tpot_ms,  # None: sized without the stall bound
+            "stall_bound": sizing.stall_ms is not None,
+            "stall_tpot_ms_p99": chosen.stall_tpot_ms,  # the stall probe, with or without the bound
             "judged_after_quiet": True,  # replays judge it so too (study.py)
             "planned": {
                 key: summary[key]

@@ -29,7 +29,13 @@ from moeless.planning.concurrency import (
 from moeless.simulation.policies import Deployment, plan_for_policy, simulate_policy
 from moeless.simulation.routing import SampledRouting
 from moeless.simulation.simulator import Request
-from moeless.simulation.sizing import PRICE_GRID, Slo, SloUnreachable, size_for_slo
+from moeless.simulation.sizing import (
+    DEFAULT_EVERY_LEVEL_PREMIUM,
+    PRICE_GRID,
+    Slo,
+    SloUnreachable,
+    size_for_slo,
+)
 from tests.simulation.test_simulator import GPU, HARDWARE, SIZE, sampled
 
 MB = 1769
@@ -159,12 +165,15 @@ def test_a_tighter_slo_never_costs_less_and_an_unreachable_one_says_what_is_reac
     replay = [Request(float(t), 16, 6, n) for n, t in enumerate(times)]
     frontier = size_for_slo("moeless", deployment, routing, replay, 1200.0, Slo(1e9))
     latencies = sorted({p.summary["tpot_ms_p99"] for p in frontier.points}, reverse=True)
-    costs = []
-    for bound in latencies:
-        sizing = size_for_slo("moeless", deployment, routing, replay, 1200.0, Slo(bound))
-        costs.append(sizing.chosen.usd_per_1k)
-        assert sizing.chosen.summary["tpot_ms_p99"] <= bound
-    assert costs == sorted(costs)
+    for premium in (None, DEFAULT_EVERY_LEVEL_PREMIUM):  # with every level's insurance too
+        costs = []
+        for bound in latencies:
+            sizing = size_for_slo(
+                "moeless", deployment, routing, replay, 1200.0, Slo(bound), every_level_premium=premium
+            )
+            costs.append(sizing.chosen.usd_per_1k)
+            assert sizing.chosen.summary["tpot_ms_p99"] <= bound
+        assert costs == sorted(costs)
     with pytest.raises(SloUnreachable, match="best reached is p99 TPOT") as caught:
         size_for_slo("moeless", deployment, routing, replay, 1200.0, Slo(0.5 * min(latencies)))
     assert caught.value.sizing.best_latency().summary["tpot_ms_p99"] == pytest.approx(min(latencies))
@@ -210,6 +219,23 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
     both = runner.invoke(cli, ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "9",
                                "--warm-every-level", "--uniform-levels", "-o", str(plan_path)])  # fmt: skip
     assert both.exit_code == 2 and "--warm-every-level or --uniform-levels" in both.output
+    insured = runner.invoke(
+        cli,
+        [
+            "plan",
+            *common,
+            "--policy",
+            "moeless",
+            "--slo-tpot-ms",
+            "9",
+            "--warm-every-level",
+            "--every-level-premium",
+            "0.2",
+            "-o",
+            str(plan_path),
+        ],
+    )
+    assert insured.exit_code == 2 and "--warm-every-level or --every-level-premium" in insured.output
     unsized = runner.invoke(
         cli, ["plan", *common, "--policy", "moeless", "--stall-bound", "-o", str(plan_path)]
     )
@@ -227,6 +253,7 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
         and plan.params["deployment"]["model"] == "mixtral-8x7b"
         and plan.params["deployment"]["prefill_chunk"] == 8  # the replay below chunks as planned
         and 0 < plan.params["sizing"]["stall_tpot_ms_p99"] <= 1e7
+        and plan.params["sizing"]["every_level_premium"] == 0.1  # plan's default insurance
     )
     assert all(isinstance(f.provisioned_concurrency, int) for f in plan.functions)
     hosted = sorted(pair for f in plan.functions for pair in f.experts)
@@ -235,6 +262,8 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
     assert len(plan.functions) == 32 * 8 // packing and all(f.memory_mb <= 10240 for f in plan.functions)
     rows = list(csv.DictReader(plan_path.with_suffix(".frontier.csv").open()))
     assert "uniform_level" in plan.params["sizing"] and {r["uniform_level"] for r in rows} >= {"", "0", "1"}
+    assert [r["policy"] for r in rows if r["chosen"] == "True"].count("moeless") == 1  # the plan's row
+    assert {r["every_level"] for r in rows if r["policy"] == "moeless"} == {"True", "False"}  # insured too
     assert {r["policy"] for r in rows} >= {"moeless", "static"} and plan_path.with_suffix(
         ".frontier.png"
     ).is_file()
@@ -597,6 +626,10 @@ def test_the_stall_bound_sizes_replicas_for_overlaps_the_planning_traffic_never_
     ).chosen
     assert (trace_only.replica_scale, bounded.replica_scale) == (1, 4)
     assert bounded.plan.params["sizing"]["stall_tpot_ms_p99"] == stall[4]
+    # sized without the bound, the plan still records its structure's probe: over the bound here
+    unbounded = trace_only.plan.params["sizing"]
+    assert unbounded["stall_tpot_ms_p99"] == pytest.approx(stall[1]) and not unbounded["stall_bound"]
+    assert bounded.plan.params["sizing"]["stall_bound"]
 
     def on_overlaps(plan: Plan) -> float:
         return simulate_policy(
@@ -708,3 +741,37 @@ def test_with_uniform_levels_the_plan_never_costs_more_than_a_uniform_level_that
         if bound.met(replayed):
             assert chosen.usd_per_1k <= replayed["usd_per_1k_requests"] + 1e-9
     assert chosen.plan.params["sizing"]["uniform_level"] == chosen.uniform_level
+
+
+def test_every_level_is_taken_where_it_costs_at_most_the_premium_over_the_cheapest():
+    """Each structure's family also holds the every-level plan (no cold start on any traffic);
+    it is the structure's pick where it meets the SLO for at most 1 + premium times the cheapest
+    plan that meets it, and the plan records what that insurance cost. Without a premium it is
+    not judged at all."""
+    deployment = replace(Deployment.choose(one_expert_shape()), prefill_chunk=256)
+    routing = SampledRouting.from_loads(Loads({0: np.array([4.0, 3, 2, 1])}, {"top_k": 1}), 1, [0], 1)
+    alone = [Request(400.0 * n, 1024, 8, n) for n in range(3)]
+    options = {"memory_options": [MB], "packings": [1], "replica_scales": [4], "keep_warm": False}
+    slo = Slo(1e9, ttft_ms=1e9)
+    plain = size_for_slo("moeless", deployment, routing, alone, 1200.0, slo, **options)
+    assert not any(p.every_level for p in plain.points) and plain.premium_paid is None
+    judged = size_for_slo(
+        "moeless", deployment, routing, alone, 1200.0, slo, every_level_premium=0.0, **options
+    )
+    every = next(p for p in judged.points if p.every_level)
+    cheapest = judged.chosen
+    assert cheapest.usd_per_1k == plain.chosen.usd_per_1k < every.usd_per_1k
+    ratio = every.usd_per_1k / cheapest.usd_per_1k
+    below = size_for_slo("moeless", deployment, routing, alone, 1200.0, slo,
+                         every_level_premium=0.99 * ratio - 1, **options).chosen  # fmt: skip
+    assert not below.every_level and below.usd_per_1k == cheapest.usd_per_1k
+    insured = size_for_slo("moeless", deployment, routing, alone, 1200.0, slo,
+                           every_level_premium=1.01 * ratio - 1, **options)  # fmt: skip
+    within = insured.chosen
+    assert within.every_level and insured.premium_paid == pytest.approx(ratio)
+    assert {f.name: f.provisioned_concurrency for f in within.plan.functions} == {
+        f.name: f.provisioned_concurrency for f in every.plan.functions
+    }
+    sizing = within.plan.params["sizing"]
+    assert sizing["every_level"] and sizing["premium_paid"] == pytest.approx(ratio)
+    assert sizing["every_level_premium"] == pytest.approx(1.01 * ratio - 1)
