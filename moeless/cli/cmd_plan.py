@@ -366,7 +366,7 @@ def _sized(
     premium = traffic["every_level_premium"]
     premium = DEFAULT_EVERY_LEVEL_PREMIUM if premium is None else premium
     click.echo(f"sizing {policy} for {slo.describe()} on {len(replay)} requests ({source}, {duration:g} s)")
-    sizings, chosen, floor_ms, paid, failure = [], None, 0.0, None, None
+    sizings, own, failure = [], None, None
     for name in ("moeless", "remoe") if frontier else (policy,):
         try:
             sizing = size_for_slo(
@@ -390,15 +390,16 @@ def _sized(
             continue
         sizings.append(sizing)
         if name == policy:
-            chosen, floor_ms, paid = sizing.chosen, sizing.floor_ms, sizing.premium_paid
+            own = sizing
     if frontier:
         from moeless.simulation.frontier import write_frontier
 
         fleet = simulate_policy("static", deployment, routing, replay, duration, timeline=False).summary()
         for path in write_frontier(sizings, fleet, output, slo_tpot_ms):
             click.echo(f"  frontier: {path}")
-    if failure is not None or chosen is None:
+    if failure is not None or own is None or own.chosen is None:
         raise failure or click.ClickException(f"{policy} could not be sized")
+    chosen = own.chosen
     chosen.plan.save(output)
     summary = chosen.summary
     click.echo(f"plan: {policy} sized for {slo.describe()} -> {output}")
@@ -407,14 +408,14 @@ def _sized(
         f"{chosen.expert_dtype} experts, replicas x{chosen.replica_scale}, "
         f"{chosen.packing} layers' experts per function, {chosen.group} per layer, "
         f"{chosen.provisioned} provisioned environments, {chosen.keep_warm} kept warm by pings "
-        f"({_warmth(chosen, paid, premium)})"
+        f"({_warmth(chosen, own.premium_paid, premium)})"
     )
-    if chosen.stall_tpot_ms is not None:
-        click.echo(_stall_line(chosen.stall_tpot_ms, slo_tpot_ms, bounded=traffic["stall_bound"]))
+    if own.chosen_stall_ms is not None:
+        click.echo(_stall_line(own.chosen_stall_ms, slo_tpot_ms, bounded=traffic["stall_bound"]))
     click.echo(
         f"  simulated after a quiet (nothing warm but what the plan keeps warm): "
         f"${summary['usd_per_1k_requests']:.2f} per 1k requests, p99 TPOT "
-        f"{summary['tpot_ms_p99']:.1f} ms (Lambda floor {floor_ms:.1f}), p99 TTFT "
+        f"{summary['tpot_ms_p99']:.1f} ms (Lambda floor {own.floor_ms:.1f}), p99 TTFT "
         f"{summary['ttft_ms_p99']:.1f} ms, cold starts {summary['cold_starts']} of "
         f"{summary['invokes']} invokes"
     )

@@ -167,8 +167,7 @@ class FrontierPoint:
     expert_dtype: str = "fp32"
     group: int = 1  # experts of one layer per function, one bundled invoke
     prefill_chunk: int | None = None  # prompt tokens per engine step; None: whole prompts
-    stall_tpot_ms: float | None = None  # the stall probe's p99 TPOT (None: not probed; without
-    # the stall bound only the chosen point is probed)
+    stall_tpot_ms: float | None = None  # the stall probe's p99 TPOT, with the stall bound (None: not probed)
     uniform_level: int | None = None  # every function warm to this level (None: sized per level)
     every_level: bool = False  # every level in reach warm (step 7)
 
@@ -235,6 +234,7 @@ class Sizing:
     every_level: bool = False  # each structure kept warm at every level in reach, not priced per level
     every_level_premium: float | None = None  # step 9's premium (None: not judged)
     premium_paid: float | None = None  # the chosen every-level plan's cost / its structure's cheapest
+    chosen_stall_ms: float | None = None  # the stall probe of the chosen structure, bound or not
 
     def best_latency(self) -> FrontierPoint:
         """The point with the lowest p99 TPOT (what an unreachable SLO can have instead), among
@@ -487,8 +487,9 @@ def size_for_slo(
             p.usd_per_1k for p in points if p.structure == sizing.chosen.structure and slo.met(p.summary)
         )
     chosen_variant = variants[(sizing.chosen.expert_dtype, sizing.chosen.prefill_chunk)]
-    if sizing.chosen.stall_tpot_ms is None:  # probed anyway, for what the plan says (step 6)
-        sizing.chosen.stall_tpot_ms = stall_tpot_ms(sizing.chosen.plan, chosen_variant, routing)
+    sizing.chosen_stall_ms = sizing.chosen.stall_tpot_ms
+    if sizing.chosen_stall_ms is None:  # probed anyway, for what the plan says (step 6)
+        sizing.chosen_stall_ms = stall_tpot_ms(sizing.chosen.plan, chosen_variant, routing)
     sizing.chosen.plan = _annotated(sizing.chosen, sizing, chosen_variant)
     return sizing
 
@@ -709,7 +710,7 @@ def _annotated(chosen: FrontierPoint, sizing: Sizing, deployment: Deployment) ->
             "group": chosen.group,
             "lambda_floor_tpot_ms": sizing.floor_ms,
             "stall_bound": sizing.stall_ms is not None,
-            "stall_tpot_ms_p99": chosen.stall_tpot_ms,  # the stall probe, with or without the bound
+            "stall_tpot_ms_p99": sizing.chosen_stall_ms,  # the stall probe, with or without the bound
             "judged_after_quiet": True,  # replays judge it so too (study.py)
             "planned": {
                 key: summary[key]
