@@ -483,9 +483,8 @@ def size_for_slo(
     if sizing.chosen is None:
         raise SloUnreachable(sizing)
     if sizing.chosen.every_level and every_level_premium is not None:
-        sizing.premium_paid = sizing.chosen.usd_per_1k / min(
-            p.usd_per_1k for p in points if p.structure == sizing.chosen.structure and slo.met(p.summary)
-        )
+        same = [p for p in points if p.structure == sizing.chosen.structure]
+        sizing.premium_paid = sizing.chosen.usd_per_1k / min(_meeting(same, slo), key=_cheapest).usd_per_1k
     chosen_variant = variants[(sizing.chosen.expert_dtype, sizing.chosen.prefill_chunk)]
     sizing.chosen_stall_ms = sizing.chosen.stall_tpot_ms
     if sizing.chosen_stall_ms is None:  # probed anyway, for what the plan says (step 6)
@@ -497,6 +496,11 @@ def size_for_slo(
 def _cheapest(point: FrontierPoint) -> tuple[float, float]:
     """Sort key: cheapest first, then the lower price of a cold start (fewer environments kept)."""
     return (point.usd_per_1k, point.usd_per_cold_start)
+
+
+def _meeting(points: list[FrontierPoint], slo: Slo) -> list[FrontierPoint]:
+    """The points that meet ``slo`` on the planning traffic, and its stall bound where probed."""
+    return [p for p in points if slo.met(p.summary) and slo.stall_met(p.stall_tpot_ms)]
 
 
 def choose(points: list[FrontierPoint], slo: Slo, premium: float | None = None) -> FrontierPoint | None:
@@ -514,7 +518,7 @@ def _structure_pick(points: list[FrontierPoint], slo: Slo, premium: float | None
     """One structure's plan for ``slo``: its cheapest point that meets it, or, with a ``premium``,
     its every-level point where that meets it for at most ``1 + premium`` times as much (the
     module docstring, step 9). ``None``: no point of the structure meets it."""
-    feasible = [p for p in points if slo.met(p.summary) and slo.stall_met(p.stall_tpot_ms)]
+    feasible = _meeting(points, slo)
     if not feasible:
         return None
     cheapest = min(feasible, key=_cheapest)

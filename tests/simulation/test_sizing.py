@@ -200,41 +200,17 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
         cli, ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "1", "-o", str(plan_path)]
     )
     assert refused.exit_code == 1 and "best reached is p99 TPOT" in refused.output and not plan_path.exists()
-    mixed = runner.invoke(
-        cli,
-        [
-            "plan",
-            *common,
-            "--policy",
-            "moeless",
-            "--slo-tpot-ms",
-            "9",
-            "--workers",
-            "2",
-            "-o",
-            str(plan_path),
-        ],
-    )
+
+    def refused(*flags: str):
+        return runner.invoke(
+            cli, ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "9", *flags, "-o", str(plan_path)]
+        )
+
+    mixed = refused("--workers", "2")
     assert mixed.exit_code == 2 and "--workers: not with --slo-tpot-ms" in mixed.output
-    both = runner.invoke(cli, ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "9",
-                               "--warm-every-level", "--uniform-levels", "-o", str(plan_path)])  # fmt: skip
+    both = refused("--warm-every-level", "--uniform-levels")
     assert both.exit_code == 2 and "--warm-every-level or --uniform-levels" in both.output
-    insured = runner.invoke(
-        cli,
-        [
-            "plan",
-            *common,
-            "--policy",
-            "moeless",
-            "--slo-tpot-ms",
-            "9",
-            "--warm-every-level",
-            "--every-level-premium",
-            "0.2",
-            "-o",
-            str(plan_path),
-        ],
-    )
+    insured = refused("--warm-every-level", "--every-level-premium", "0.2")
     assert insured.exit_code == 2 and "--warm-every-level or --every-level-premium" in insured.output
     unsized = runner.invoke(
         cli, ["plan", *common, "--policy", "moeless", "--stall-bound", "-o", str(plan_path)]
