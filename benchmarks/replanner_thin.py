@@ -13,13 +13,16 @@ quiet as the optimiser judges (nothing warm but what the plan keeps warm):
 
 - ``static``: the plan as sized (the baseline of every ratio);
 - ``+ short memory``: the same plan with a re-planner every 60 s whose forecast is the newest
-  window and an exponentially weighted mean (weight 0.5), as the re-planner forecast before;
-- ``+ long memory``: the shipped forecaster (``ForecastReplanner``'s defaults: a 30-minute
-  half-life long memory, the plan held until one long memory is watched);
+  window and an exponentially weighted mean (weight 0.5), free to go below the plan at once;
+- ``+ long memory, 30-minute hold``: the forecaster as shipped (a 30-minute half-life long
+  memory), the plan a floor only until one long memory is watched, as shipped before;
+- ``+ long memory, plan as floor``: as shipped (``ForecastReplanner``'s defaults): the plan a floor
+  for good, the re-planner adding to it what the traffic asks for;
 - with ``--in-loop``: a plan sized with the shipped re-planner in the optimiser's loop
   (``plan --replan-interval 60``) for the same SLO, if any meets it.
 
-Every re-planner prices a cold start as the plan was sized. Needs ``../shared/data``.
+``--variants`` picks some of ``short,hold,floor`` (static, the baseline, always runs). Every
+re-planner prices a cold start as the plan was sized. Needs ``../shared/data``.
 """
 
 from __future__ import annotations
@@ -36,11 +39,19 @@ from moeless.planning.concurrency import LONG_MEMORY_S
 CHUNK = 256
 
 
-def with_replanner(plan: Any, usd_per_cold_start: float, memory_s: float | None) -> Any:
+# variant -> (label, the long memory's half-life, how long the plan is a floor; None: for good)
+VARIANTS = {
+    "short": ("+ short memory", None, 0.0),
+    "hold": ("+ long memory, 30-minute hold", LONG_MEMORY_S, LONG_MEMORY_S),
+    "floor": ("+ long memory, plan as floor", LONG_MEMORY_S, None),
+}
+
+
+def with_replanner(plan: Any, usd_per_cold_start: float, memory_s: float | None, hold_s: float | None) -> Any:
     """``plan`` carrying a re-planner every 60 s, provisioned concurrency only."""
     price = None if math.isinf(usd_per_cold_start) else usd_per_cold_start
     replan = {"interval_s": 60.0, "usd_per_cold_start": price, "ping_usd_per_s": None, "smoothing": 0.5,
-              "down_after": 3, "memory_s": memory_s}  # fmt: skip
+              "down_after": 3, "memory_s": memory_s, "hold_s": hold_s}  # fmt: skip
     return replace(plan, params=plan.params | {"replan": replan})
 
 
@@ -53,7 +64,11 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=1200.0, help="seconds of code planned on")
     parser.add_argument("--replay-window", type=float, default=1200.0, help="seconds of conversations")
     parser.add_argument("--in-loop", action="store_true", help="also size with the re-planner in the loop")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="re-planners replayed beside static")
     args = parser.parse_args()
+    variants = [v for v in args.variants.split(",") if v]
+    if unknown := set(variants) - set(VARIANTS):
+        parser.error(f"unknown variants {sorted(unknown)}; known: {','.join(VARIANTS)}")
 
     from moeless.simulation.policies import simulate_policy
     from moeless.simulation.sizing import (
@@ -74,11 +89,10 @@ def main() -> None:
     sized = size_for_slo("moeless", deployment, routing, planning, args.window, slo, memory_options=memory,
                          keep_warm=False)  # fmt: skip
     price = sized.chosen.usd_per_cold_start
-    plans = {
-        "static": sized.chosen.plan,
-        "+ short memory": with_replanner(sized.chosen.plan, price, None),
-        "+ long memory": with_replanner(sized.chosen.plan, price, LONG_MEMORY_S),
-    }
+    plans = {"static": sized.chosen.plan}
+    for variant in variants:
+        label, memory_s, hold_s = VARIANTS[variant]
+        plans[label] = with_replanner(sized.chosen.plan, price, memory_s, hold_s)
     if args.in_loop:
         try:
             looped = size_for_slo("moeless", deployment, routing, planning, args.window, slo,

@@ -298,12 +298,20 @@ class ForecastReplanner:
     between two requests says nothing about the next one. With the short memory alone the
     forecast decayed in every gap, the levels were let go, and the next request met cold
     functions at every layer. On a steady stream the long memory's decision is the static plan's
-    (the same rule on the same rate); over hours it follows the traffic down.
+    (the same rule on the same rate).
 
-    Until the forecaster has watched ``memory_s`` seconds, it proposes no less than the plan it
-    started from. That plan was sized on a whole trace; a few minutes of windows say less (the
-    deployment's warm-up pass even hides the first use of every level), and a level let go too
-    early costs a cold start at every layer of the next request.
+    **The plan it started from is a floor**: for good by default (``hold_s=None``), or until it
+    has watched ``hold_s`` seconds. That plan was sized for the SLO, with the simulator, on a whole
+    trace; a re-plan adds the warmth traffic the plan did not foresee asks for, and lets it go
+    again. Below the plan a per-window price cannot judge: it prices each function's cold starts
+    one by one, but a step waits for the slowest invoke of each of its layers. When traffic thins
+    (the tail of a burst: a few sequences decoding), each function's demand is too thin to pay for
+    its warmth while every token meets cold starts at many layers; slower tokens use each level
+    less often, more levels go idle past the timeout, and the tail decodes ever slower. With a
+    30-minute hold, two hours of conversations ended that way (``benchmarks/replanner_thin.py
+    --replay-window 7200``): once arrivals stopped the re-planner let 15,358 provisioned
+    environments down to about 1,300 while six requests were still decoding, and two of them had
+    not finished four hours later. To follow traffic down, size a plan again for the new rate.
 
     The forecast demand for one window is sized by :func:`provisioned_for` at the plan's price of
     a cold start, so a re-plan and the plan it started from answer the same question.
@@ -328,12 +336,14 @@ class ForecastReplanner:
         down_after: int = 3,
         prices: LambdaPrices = PRICES,
         memory_s: float | None = LONG_MEMORY_S,
+        hold_s: float | None = None,
     ) -> None:
         self.memory_mb = memory_mb
         self.usd_per_cold_start = usd_per_cold_start
         self.ping_usd_per_s = ping_usd_per_s
         self.smoothing = smoothing
         self.memory_s = memory_s  # None: no long memory (the short one alone)
+        self.hold_s = hold_s  # None: the plan it started from is a floor for good
         self.prices = prices
         self.hysteresis = Hysteresis(up_after=1, down_after=down_after)
         self._forecast: dict[str, _Forecast] = {}
@@ -346,13 +356,15 @@ class ForecastReplanner:
 
         Keys: ``interval_s``, ``usd_per_cold_start`` (``null``: infinite), ``ping_usd_per_s``
         (``null``: provisioned concurrency only), ``smoothing``, ``down_after``, ``memory_s`` (the
-        long memory's half-life; ``null``: none)."""
+        long memory's half-life; ``null``: none), ``hold_s`` (how long the plan is a floor;
+        absent or ``null``: for good)."""
         params = plan.params.get("replan")
         if not isinstance(params, dict):
             return None
         price = params.get("usd_per_cold_start")
         ping = params.get("ping_usd_per_s")
         memory = params.get("memory_s", LONG_MEMORY_S)
+        hold = params.get("hold_s")
         return cls(
             {f.name: f.memory_mb for f in plan.functions},
             math.inf if price is None else float(price),
@@ -360,6 +372,7 @@ class ForecastReplanner:
             float(params.get("smoothing", 0.5)),
             int(params.get("down_after", 3)),
             memory_s=None if memory is None else float(memory),
+            hold_s=None if hold is None else float(hold),
         )
 
     def forecast(self, window: dict[str, LevelDemand], window_s: float) -> dict[str, LevelDemand]:
@@ -395,7 +408,7 @@ class ForecastReplanner:
         if self._planned is None:
             self._planned = dict(current)
         self._watched_s += window_s
-        learning = self.memory_s is not None and self._watched_s < self.memory_s
+        holding = self.hold_s is None or self._watched_s < self.hold_s
         chosen = {}
         for name, now in current.items():
             memory = self.memory_mb.get(name, 1769)
@@ -408,7 +421,7 @@ class ForecastReplanner:
                 self.prices,
                 ping,
             )
-            if learning:  # the plan it started from holds until one long memory has been watched
+            if holding:  # the plan it started from is a floor (the class doc)
                 start = self._planned.get(name, Warmth())
                 proposal = Warmth(
                     max(proposal.provisioned, start.provisioned), max(proposal.keep_warm, start.keep_warm)

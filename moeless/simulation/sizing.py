@@ -578,6 +578,7 @@ class _Structure:
                 "smoothing": 0.5,
                 "down_after": 3,
                 "memory_s": LONG_MEMORY_S,
+                "hold_s": None,
             }
 
         def run(plan: Plan) -> PolicyResult:

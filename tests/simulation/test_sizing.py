@@ -384,14 +384,28 @@ def test_the_long_memory_follows_traffic_that_stops():
     assert 30 <= held <= 120
 
 
-def test_the_plan_holds_until_the_replanner_has_watched_one_long_memory():
-    replanner = ForecastReplanner({"f": MB}, usd_per_cold_start=1e-2, memory_s=600.0)
-    now, held = {"f": Warmth(2, 1)}, []
-    for _ in range(16):  # no traffic at all
+def quiet_windows(replanner: ForecastReplanner, start: Warmth, windows: int) -> list[Warmth]:
+    now, held = {"f": start}, []
+    for _ in range(windows):  # no traffic at all
         now = replanner.update({}, 60.0, now)
         held.append(now["f"])
+    return held
+
+
+def test_the_plan_is_a_floor_for_good_or_for_the_hold_given():
+    forever = ForecastReplanner({"f": MB}, usd_per_cold_start=1e-2, memory_s=600.0)
+    assert quiet_windows(forever, Warmth(2, 1), 48) == [Warmth(2, 1)] * 48
+    held = quiet_windows(ForecastReplanner({"f": MB}, usd_per_cold_start=1e-2, memory_s=600.0, hold_s=600.0),
+                         Warmth(2, 1), 16)  # fmt: skip
     # proposed from the 10th window (600 s) on, let through after 3 in a row
     assert held[:11] == [Warmth(2, 1)] * 11 and held[11:] == [Warmth(0, 0)] * 5
+
+
+def test_the_replanner_adds_to_the_plan_and_lets_the_addition_go_back_to_it():
+    replanner = ForecastReplanner({"f": MB}, usd_per_cold_start=1e-3, memory_s=None)
+    raised = replanner.update({"f": busy_window(3, 2.0)}, 60.0, {"f": Warmth(1, 0)})
+    assert raised == {"f": Warmth(3, 0)}  # a burst the plan did not foresee is met at once
+    assert quiet_windows(replanner, raised["f"], 20)[-1] == Warmth(1, 0)  # back to the plan, not below
 
 
 def test_a_sized_plan_with_a_replanner_replays_with_it():
@@ -440,7 +454,7 @@ def test_a_replan_keeps_a_provisioned_level_that_steady_traffic_uses():
     functions = [FunctionSpec("f0", [(0, 0)], MB, provisioned_concurrency=1)]
     routing = SampledRouting.from_loads(Loads({0: np.array([1.0])}, {"top_k": 1}), 1, [0], 1)
     steady = [Request(30.0 * n, 1, 2, n) for n in range(40)]
-    replanner = ForecastReplanner({"f0": MB}, usd_per_cold_start=1e-2, down_after=1)
+    replanner = ForecastReplanner({"f0": MB}, usd_per_cold_start=1e-2, down_after=1, hold_s=0.0)
     simulator = Simulator(Plan("moeless", experts, functions), routing, SIZE, CostModel(), GPU, HARDWARE,
                           reprovision=replanner, replan_s=60.0)  # fmt: skip
     result = simulator.run(steady, 1200.0)
