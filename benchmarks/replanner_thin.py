@@ -1,8 +1,9 @@
 """The forecasting re-planner at thin traffic: does it keep what a static plan keeps?
 
 Usage:
-    .venv/bin/python benchmarks/replanner_thin.py                    # about 25 minutes here
+    .venv/bin/python benchmarks/replanner_thin.py                    # about 30 minutes here
     .venv/bin/python benchmarks/replanner_thin.py --replay-window 7200   # two hours held out (~60 min)
+    .venv/bin/python benchmarks/replanner_thin.py --replay-window 7200 --variants floor   # ~35 min
     .venv/bin/python benchmarks/replanner_thin.py --in-loop          # + sizing with it (~90 min more)
 
 DeepSeek-V3 as in ``slo_plan.py`` (OLMoE's routing on 256 experts, fp32 experts, batch 16,
