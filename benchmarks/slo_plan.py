@@ -36,9 +36,10 @@ to the rate, the first WINDOW seconds):
 Every replay on the held-out trace starts after a quiet, as the optimiser judges on the planning
 trace: nothing warm but what the plan keeps warm (not the deployment's one-off warm-up pass).
 
-With ``--stall-bound`` every plan also meets the optimiser's stall bound (``plan --stall-bound``:
-p99 TPOT within the SLO for a full batch decoding beside a prefill chunk, every environment warm);
-its cases are written apart (``_stall``). With ``--uniform-levels`` each structure's family also
+With ``--stall-bound`` every plan also meets the optimiser's stall bound (p99 TPOT within the SLO
+for a full batch decoding beside a prefill chunk, every environment warm: ``plan``'s default;
+without the flag the plans are sized as ``plan --no-stall-bound``, as the README's tables before
+it were measured); its cases are written apart (``_stall``). With ``--uniform-levels`` each structure's family also
 holds the brute force's plans (``plan --uniform-levels``); its cases are written apart too
 (``_uniform``). With ``--every-level-premium P`` each structure's every-level plan is judged too
 and taken where it costs at most 1 + P times the structure's cheapest (``plan``'s default, 0.1;

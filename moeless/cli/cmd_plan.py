@@ -12,7 +12,7 @@ from moeless.contracts.environment import ALIAS
 from moeless.contracts.plan import Placement, Policy
 
 if TYPE_CHECKING:
-    from moeless.simulation.sizing import FrontierPoint
+    from moeless.simulation.sizing import FrontierPoint, Sizing
 
 
 @click.command()
@@ -143,12 +143,13 @@ if TYPE_CHECKING:
     "backbone's pings (Lambda guarantees provisioned ones; an idle pinged one may still be reclaimed).",
 )
 @click.option(
-    "--stall-bound",
-    is_flag=True,
+    "--stall-bound/--no-stall-bound",
+    default=None,
     help="With --slo-tpot-ms: also keep p99 TPOT within the bound for a full batch decoding beside a "
     "prefill chunk (whole prompts: one of --context-tokens), every environment warm; replicas, "
-    "packing and memory that cannot are not considered. For traffic whose mix of prompt and output "
-    "lengths may differ from the planning traffic's.",
+    "packing and memory that cannot are not chosen, and the plan says what they would have cost. "
+    "For traffic whose prompts overlap decoding more than the planning traffic's "
+    "[default: --stall-bound]. --no-stall-bound: size on this traffic's overlaps alone.",
 )
 @click.option(
     "--warm-every-level",
@@ -203,7 +204,7 @@ def plan(
     frontier: bool,
     replan_s: float | None,
     no_keep_warm: bool,
-    stall_bound: bool,
+    stall_bound: bool | None,
     every_level: bool,
     every_level_premium: float | None,
     uniform_levels: bool,
@@ -236,7 +237,7 @@ def plan(
         traffic["expert_dtypes"] = list(dict.fromkeys([traffic["expert_dtype"], *allowed_dtypes]))
         traffic["prefill_chunks"] = list(dict.fromkeys([traffic["prefill_chunk"], *allowed_chunks]))
         traffic["replan_s"] = replan_s
-        traffic["stall_bound"] = stall_bound
+        traffic["stall_bound"] = stall_bound is not False  # the default keeps the bound
         traffic["every_level"] = every_level
         traffic["uniform_levels"] = uniform_levels
         traffic["every_level_premium"] = every_level_premium
@@ -254,13 +255,15 @@ def plan(
         return
     sized_only = (
         memory_options, replica_scales, packings, groups, allowed_dtypes, allowed_chunks, frontier,
-        no_keep_warm, replan_s, stall_bound, every_level, uniform_levels, every_level_premium is not None,
+        no_keep_warm, replan_s, stall_bound is not None, every_level, uniform_levels,
+        every_level_premium is not None,
     )  # fmt: skip
     if slo_ttft_ms is not None or any(sized_only):
         raise click.UsageError(
             "--slo-ttft-ms, --memory-mb, --replica-scale, --packing, --group-experts, "
             "--allow-expert-dtype, --allow-prefill-chunk, --frontier, --replan-interval, "
-            "--no-keep-warm, --stall-bound, --warm-every-level, --every-level-premium and --uniform-levels "
+            "--no-keep-warm, --[no-]stall-bound, --warm-every-level, --every-level-premium and "
+            "--uniform-levels "
             "go with --slo-tpot-ms"
         )
     from moeless.contracts.loads import load_loads
@@ -410,8 +413,8 @@ def _sized(
         f"{chosen.provisioned} provisioned environments, {chosen.keep_warm} kept warm by pings "
         f"({_warmth(chosen, own.premium_paid, premium)})"
     )
-    if own.chosen_stall_ms is not None:
-        click.echo(_stall_line(own.chosen_stall_ms, slo_tpot_ms, bounded=traffic["stall_bound"]))
+    for line in _stall_lines(own):
+        click.echo(line)
     click.echo(
         f"  simulated after a quiet (nothing warm but what the plan keeps warm): "
         f"${summary['usd_per_1k_requests']:.2f} per 1k requests, p99 TPOT "
@@ -436,17 +439,31 @@ def _warmth(chosen: FrontierPoint, paid: float | None, premium: float) -> str:
     return f"cold start priced at ${chosen.usd_per_cold_start:g}"
 
 
-def _stall_line(stall_ms: float, slo_tpot_ms: float, bounded: bool) -> str:
-    """What the stall probe says of the chosen structure; a warning where it is over the SLO."""
+def _stall_lines(sizing: Sizing) -> list[str]:
+    """What the stall probe says of the chosen structure: under the bound, what the planning
+    traffic alone would have taken instead; without it, a warning where it is over the SLO."""
+    chosen, stall_ms = sizing.chosen, sizing.chosen_stall_ms
+    if chosen is None or stall_ms is None:
+        return []
     line = f"p99 TPOT {stall_ms:.1f} ms decoding beside a prefill, every environment warm"
-    if bounded:
-        return f"  stall bound: {line}"
-    if stall_ms <= slo_tpot_ms:
-        return f"  stall probe: {line}, within the SLO"
-    return (
+    if sizing.stall_ms is not None:
+        alone = sizing.unbounded
+        if alone is None or alone is chosen:
+            return [f"  stall bound: {line} (the planning traffic alone asks for the same plan)"]
+        return [
+            f"  stall bound: {line}",
+            f"  without it (--no-stall-bound): replicas x{alone.replica_scale}, {alone.memory_mb} MB, "
+            f"{alone.packing} layers' experts per function, ${alone.usd_per_1k:.2f} per 1k requests on "
+            f"this traffic, decoding at {alone.stall_tpot_ms:.1f} ms beside a prefill; the bound costs "
+            f"{chosen.usd_per_1k / alone.usd_per_1k:.2f}x here",
+        ]
+    if stall_ms <= sizing.slo.tpot_ms:
+        return [f"  stall probe: {line}, within the SLO"]
+    return [
         f"  warning: stall probe {line}, over the SLO: traffic whose prompts overlap decoding more "
-        "than this traffic's will miss it whatever is kept warm; --stall-bound sizes replicas for it"
-    )
+        "than this traffic's will miss it whatever is kept warm; the stall bound (without "
+        "--no-stall-bound) sizes replicas for it"
+    ]
 
 
 @click.command("apply-plan")

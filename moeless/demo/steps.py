@@ -140,7 +140,7 @@ def size_for_demo_slo(trace_dir: Path, manifest: Manifest, out: Path) -> tuple[P
     try:
         sizing = size_for_slo(
             "moeless", deployment, routing, replay, SIMULATED_S, slo,
-            every_level_premium=DEFAULT_EVERY_LEVEL_PREMIUM,  # as `plan` sizes by default
+            every_level_premium=DEFAULT_EVERY_LEVEL_PREMIUM, stall_bound=True,  # as `plan` sizes by default
         )  # fmt: skip
     except SloUnreachable as exc:
         best = exc.sizing.best_latency()
@@ -159,6 +159,11 @@ def size_for_demo_slo(trace_dir: Path, manifest: Manifest, out: Path) -> tuple[P
         f"{' (every level a step can use)' if best.every_level else ''}, replicas x{best.replica_scale}, "
         f"{best.memory_mb} MB; simulated p99 TPOT {summary['tpot_ms_p99']:.1f} ms, "
         f"${summary['usd_per_1k_requests']:.4f} per 1k requests"
+        + (
+            f"; {best.stall_tpot_ms:.1f} ms per token decoding beside a prefill (the stall bound)"
+            if best.stall_tpot_ms is not None
+            else ""
+        )
     )
     return plan, line
 

@@ -57,6 +57,14 @@ def write_frontier(
             "o-",
             label=f"{sizing.policy} (provisioned concurrency by cold-start price)",
         )
+        over = [p for p in points if not sizing.slo.stall_met(p.stall_tpot_ms)]
+        if over:  # simulated for what the bound costs, never chosen
+            axes.plot(
+                [p.summary["tpot_ms_p99"] for p in over],
+                [p.usd_per_1k for p in over],
+                "rx",
+                label=f"{sizing.policy}: over the stall bound (not chosen)",
+            )
         if sizing.chosen is not None:
             axes.plot(sizing.chosen.summary["tpot_ms_p99"], sizing.chosen.usd_per_1k, "k*", markersize=14)
     if fleet is not None:

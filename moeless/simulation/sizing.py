@@ -43,17 +43,26 @@
    puts on every decoding sequence (lower p99 TPOT) but re-pays each layer's invokes and expert
    weights once per chunk, which lowers the backbone's prefill throughput (higher TTFT, more
    invokes): a trade only the traffic's prompt lengths and the SLO settle.
-6. **The stall bound** (``stall_bound``, ``plan --stall-bound``): the planning traffic shows only
-   the overlaps of prefill and decoding that it happens to have. Conversations at 0.02
-   requests/s (2 requests 20 minutes apart) never overlap, so x1 replicas meet a tight TPOT
-   bound there and miss it on code traffic, whose short outputs all decode beside other prompts'
-   chunks. With the bound, each candidate's structure (replicas, packing, memory, chunk) must
-   also keep the **stall probe** within the TPOT bound: a full batch decoding while a prompt
-   prefills, every environment warm (:func:`stall_tpot_ms`), so each of their tokens shares its
-   step with a full chunk (chunked: the most prompt a step may carry, whatever the traffic) or
-   with a whole prompt as long as the deployment admits. Warmth cannot repair that step,
-   so a structure over the bound is not simulated at all. The bound is the trace-free half of
-   the SLO: it holds for any mix of output lengths; the simulator's half prices the warmth.
+6. **The stall bound** (``stall_bound``; ``plan``'s default, ``--no-stall-bound`` drops it): the
+   planning traffic shows only the overlaps of prefill and decoding that it happens to have.
+   Conversations at 0.02 requests/s (2 requests 20 minutes apart) never overlap, so x1 replicas
+   meet a tight TPOT bound there and miss it on code traffic, whose short outputs all decode beside
+   other prompts' chunks. With the bound, each candidate's structure (replicas, packing, memory,
+   chunk) must also keep the **stall probe** within the TPOT bound: a full batch decoding while a
+   prompt prefills, every environment warm (:func:`stall_tpot_ms`), so each of their tokens shares
+   its step with a full chunk (chunked: the most prompt a step may carry, whatever the traffic) or
+   with a whole prompt as long as the deployment admits. Warmth cannot repair that step, so no plan
+   of a structure over the bound is chosen; they are still simulated, so the sizing says what the
+   planning traffic alone would take (``Sizing.unbounded``) and what the bound costs. The bound is
+   the trace-free half of the SLO: it holds for any mix of output lengths and any overlap of
+   prompts with decoding; the simulator's half prices the warmth. Why by default: where serverless
+   pays (DeepSeek-V3 at 0.02 requests/s and up, steps of about 1.5 s), a request decodes long
+   enough for another's prompt to arrive meanwhile (a 28-token answer for 28 steps, about 42 s, in
+   which an arrival at 0.02/s is 57% likely; a 250-token one for six minutes), so a p99 over
+   requests meets the overlap, which a window of a trace may not show (the two conversations
+   above). With whole prompts the probe's prompt is context-long, beside which a deep model decodes
+   slowly whatever its structure (DeepSeek-V3: 17x the floor at best), so a tight SLO is refused,
+   saying what the traffic alone would take; chunked prefill is what bounds that stall.
 7. **Every level in reach** (``every_level``, ``plan --warm-every-level``): step 3 keeps warm
    the levels the planning traffic used, so other traffic meets the rest cold. With this, each
    structure gets one plan, every level a step can reach kept warm
@@ -235,6 +244,8 @@ class Sizing:
     every_level_premium: float | None = None  # step 9's premium (None: not judged)
     premium_paid: float | None = None  # the chosen every-level plan's cost / its structure's cheapest
     chosen_stall_ms: float | None = None  # the stall probe of the chosen structure, bound or not
+    # with the stall bound: the choice the planning traffic alone asks for (None: none meets it)
+    unbounded: FrontierPoint | None = None
 
     def best_latency(self) -> FrontierPoint:
         """The point with the lowest p99 TPOT (what an unreachable SLO can have instead), among
@@ -252,21 +263,37 @@ class SloUnreachable(SimulationError):
     """No plan of the family meets the SLO; carries the sizing with its best reachable latency."""
 
     def __init__(self, sizing: Sizing) -> None:
-        best = sizing.best_latency().summary
-        super().__init__(
-            f"{sizing.policy} cannot meet {sizing.slo.describe()} on this traffic at any provisioned "
-            f"concurrency: the best reached is p99 TPOT {best['tpot_ms_p99']:.1f} ms, p99 TTFT "
-            f"{best['ttft_ms_p99']:.1f} ms ({best['completed']}/{best['requests']} requests completed; "
-            f"the Lambda floor of TPOT is {sizing.floor_ms:.1f} ms)"
-            + (
-                f"; under the stall bound no replicas, packing or memory tried decode faster than "
-                f"{sizing.stall_ms:.1f} ms per token beside a prefill (a smaller prefill chunk or more "
-                "replicas shorten that step)"
-                if sizing.stall_ms is not None and sizing.stall_ms > sizing.slo.tpot_ms
-                else ""
-            )
-        )
+        super().__init__(_why_unreachable(sizing))
         self.sizing = sizing
+
+
+def _why_unreachable(sizing: Sizing) -> str:
+    """The refusal: the best latency reached, or, where only the stall bound stands in the way,
+    why and what the planning traffic alone would take."""
+    slo, stall_ms = sizing.slo, sizing.stall_ms
+    beyond = (
+        f"no replicas, packing or memory tried decode faster than {stall_ms:.1f} ms per token beside a "
+        "prefill (a smaller prefill chunk or more replicas shorten that step)"
+        if stall_ms is not None and stall_ms > slo.tpot_ms
+        else ""
+    )
+    if (alone := sizing.unbounded) is not None:
+        return (
+            f"{sizing.policy} cannot meet {slo.describe()} within the stall bound: "
+            + (beyond or "the replicas, packing and memory within it miss it on this traffic")
+            + f". Sized on this traffic's own overlaps of prefill and decoding (--no-stall-bound) it is "
+            f"met here by replicas x{alone.replica_scale}, {alone.memory_mb} MB, "
+            f"${alone.usd_per_1k:.2f} per 1k requests, which decode at {alone.stall_tpot_ms:.1f} ms per "
+            "token beside a prefill"
+        )
+    best = sizing.best_latency().summary
+    return (
+        f"{sizing.policy} cannot meet {slo.describe()} on this traffic at any provisioned "
+        f"concurrency: the best reached is p99 TPOT {best['tpot_ms_p99']:.1f} ms, p99 TTFT "
+        f"{best['ttft_ms_p99']:.1f} ms ({best['completed']}/{best['requests']} requests completed; "
+        f"the Lambda floor of TPOT is {sizing.floor_ms:.1f} ms)"
+        + (f"; under the stall bound {beyond}" if beyond else "")
+    )
 
 
 def lambda_floor_ms(deployment: Deployment, memory_mb: int) -> float:
@@ -447,14 +474,10 @@ def size_for_slo(
             plan = with_replicas(with_memory(packed, memory), scale)
             structures.append(_Structure(variant, plan, memory, scale, per_function, group))
     stall_ms = None
-    if stall_bound:
-        probed = [(stall_tpot_ms(s.plan, s.variant, routing), s) for s in structures]
-        for ms, structure in probed:
-            structure.stall_ms = ms
-        stall_ms = min(ms for ms, _ in probed)
-        within = [structure for ms, structure in probed if ms <= slo.tpot_ms]
-        # none within: the fastest is still simulated, for the latency the refusal reports
-        structures = within or [min(probed, key=lambda pair: pair[0])[1]]
+    if stall_bound:  # every structure is still simulated: what the bound costs is reported
+        for structure in structures:
+            structure.stall_ms = stall_tpot_ms(structure.plan, structure.variant, routing)
+        stall_ms = min(s.stall_ms for s in structures if s.stall_ms is not None)
     points: list[FrontierPoint] = []
     for structure in structures:
         family = structure.family(
@@ -480,6 +503,8 @@ def size_for_slo(
         every_level,
         every_level_premium,
     )
+    if stall_bound:
+        sizing.unbounded = choose(points, slo, every_level_premium, bounded=False)
     if sizing.chosen is None:
         raise SloUnreachable(sizing)
     if sizing.chosen.every_level and every_level_premium is not None:
@@ -498,27 +523,35 @@ def _cheapest(point: FrontierPoint) -> tuple[float, float]:
     return (point.usd_per_1k, point.usd_per_cold_start)
 
 
-def _meeting(points: list[FrontierPoint], slo: Slo) -> list[FrontierPoint]:
-    """The points that meet ``slo`` on the planning traffic, and its stall bound where probed."""
-    return [p for p in points if slo.met(p.summary) and slo.stall_met(p.stall_tpot_ms)]
+def _meeting(points: list[FrontierPoint], slo: Slo, bounded: bool = True) -> list[FrontierPoint]:
+    """The points that meet ``slo`` on the planning traffic, and (``bounded``) its stall bound
+    where probed."""
+    return [p for p in points if slo.met(p.summary) and (not bounded or slo.stall_met(p.stall_tpot_ms))]
 
 
-def choose(points: list[FrontierPoint], slo: Slo, premium: float | None = None) -> FrontierPoint | None:
+def choose(
+    points: list[FrontierPoint], slo: Slo, premium: float | None = None, bounded: bool = True
+) -> FrontierPoint | None:
     """The optimiser's choice among ``points`` for ``slo``: each structure's pick (its cheapest
     point that meets it, or with a ``premium`` its every-level point: the module docstring, step
-    9), then the cheapest pick. ``None``: no point meets it."""
+    9), then the cheapest pick. ``bounded=False`` ignores the stall bound (what the traffic alone
+    asks for). ``None``: no point meets it."""
     structures: dict[tuple[Any, ...], list[FrontierPoint]] = {}
     for point in points:
         structures.setdefault(point.structure, []).append(point)
-    picks = [p for group in structures.values() if (p := _structure_pick(group, slo, premium)) is not None]
+    picks = [
+        p for group in structures.values() if (p := _structure_pick(group, slo, premium, bounded)) is not None
+    ]
     return min(picks, key=_cheapest) if picks else None
 
 
-def _structure_pick(points: list[FrontierPoint], slo: Slo, premium: float | None) -> FrontierPoint | None:
+def _structure_pick(
+    points: list[FrontierPoint], slo: Slo, premium: float | None, bounded: bool = True
+) -> FrontierPoint | None:
     """One structure's plan for ``slo``: its cheapest point that meets it, or, with a ``premium``,
     its every-level point where that meets it for at most ``1 + premium`` times as much (the
     module docstring, step 9). ``None``: no point of the structure meets it."""
-    feasible = _meeting(points, slo)
+    feasible = _meeting(points, slo, bounded)
     if not feasible:
         return None
     cheapest = min(feasible, key=_cheapest)

@@ -212,14 +212,13 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
     assert both.exit_code == 2 and "--warm-every-level or --uniform-levels" in both.output
     insured = refused("--warm-every-level", "--every-level-premium", "0.2")
     assert insured.exit_code == 2 and "--warm-every-level or --every-level-premium" in insured.output
-    unsized = runner.invoke(
-        cli, ["plan", *common, "--policy", "moeless", "--stall-bound", "-o", str(plan_path)]
-    )
-    assert unsized.exit_code == 2 and "--uniform-levels go with --slo-tpot-ms" in unsized.output
+    for flag in ("--stall-bound", "--no-stall-bound"):
+        unsized = runner.invoke(cli, ["plan", *common, "--policy", "moeless", flag, "-o", str(plan_path)])
+        assert unsized.exit_code == 2 and "--uniform-levels go with --slo-tpot-ms" in unsized.output
     sized = runner.invoke(
         cli,
         ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "1e7", "--frontier", "--prefill-chunk", "8",
-         "--stall-bound", "--uniform-levels", "-o", str(plan_path)],
+         "--uniform-levels", "-o", str(plan_path)],
     )  # fmt: skip
     assert sized.exit_code == 0, sized.output
     assert "stall bound: p99 TPOT" in sized.output
@@ -230,6 +229,7 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
         and plan.params["deployment"]["prefill_chunk"] == 8  # the replay below chunks as planned
         and 0 < plan.params["sizing"]["stall_tpot_ms_p99"] <= 1e7
         and plan.params["sizing"]["every_level_premium"] == 0.1  # plan's default insurance
+        and plan.params["sizing"]["stall_bound"]  # and its default bound
     )
     assert all(isinstance(f.provisioned_concurrency, int) for f in plan.functions)
     hosted = sorted(pair for f in plan.functions for pair in f.experts)
@@ -590,6 +590,7 @@ def test_the_stall_bound_sizes_replicas_for_overlaps_the_planning_traffic_never_
     same prompts arrive together (each decodes beside the others' chunks). The stall probe
     predicts that overlapped TPOT with the traffic unseen; under the bound the optimiser takes
     the replicas that meet it, and a bound no structure meets is refused saying why."""
+    from moeless.cli.cmd_plan import _stall_lines
     from moeless.simulation.sizing import stall_tpot_ms
 
     deployment = replace(Deployment.choose(one_expert_shape()), prefill_chunk=256)
@@ -611,10 +612,20 @@ def test_the_stall_bound_sizes_replicas_for_overlaps_the_planning_traffic_never_
     bound = (stall[1] + stall[4]) / 2
     assert alone_ms < stall[4] < bound
     trace_only = size_for_slo("moeless", deployment, routing, alone, 1200.0, Slo(bound), **options).chosen
-    bounded = size_for_slo(
+    sizing = size_for_slo(
         "moeless", deployment, routing, alone, 1200.0, Slo(bound), stall_bound=True, **options
-    ).chosen
+    )
+    bounded = sizing.chosen
     assert (trace_only.replica_scale, bounded.replica_scale) == (1, 4)
+    # the structures over the bound are still simulated: what the traffic alone takes, and the price
+    assert (sizing.unbounded.replica_scale, sizing.unbounded.usd_per_1k) == (1, trace_only.usd_per_1k)
+    said = _stall_lines(sizing)
+    assert said[0].startswith("  stall bound: p99 TPOT") and "(--no-stall-bound): replicas x1" in said[1]
+    assert f"costs {bounded.usd_per_1k / trace_only.usd_per_1k:.2f}x here" in said[1]
+    assert (
+        "within the SLO"
+        in _stall_lines(size_for_slo("moeless", deployment, routing, alone, 1200.0, Slo(1e9), **options))[0]
+    )
     assert bounded.plan.params["sizing"]["stall_tpot_ms_p99"] == stall[4]
     # sized without the bound, the plan still records its structure's probe: over the bound here
     unbounded = trace_only.plan.params["sizing"]
@@ -629,8 +640,9 @@ def test_the_stall_bound_sizes_replicas_for_overlaps_the_planning_traffic_never_
     assert on_overlaps(trace_only.plan) > bound >= on_overlaps(bounded.plan)
     tight = Slo((alone_ms + stall[4]) / 2)
     assert size_for_slo("moeless", deployment, routing, alone, 1200.0, tight, **options).chosen
-    with pytest.raises(SloUnreachable, match="under the stall bound"):
+    with pytest.raises(SloUnreachable, match="within the stall bound: no replicas") as refused:
         size_for_slo("moeless", deployment, routing, alone, 1200.0, tight, stall_bound=True, **options)
+    assert "(--no-stall-bound) it is met here by replicas x1" in str(refused.value)
 
 
 def test_the_levels_in_reach_bound_what_a_step_can_hold_at_once():
