@@ -38,13 +38,13 @@ trace: nothing warm but what the plan keeps warm (not the deployment's one-off w
 
 With ``--stall-bound`` every plan also meets the optimiser's stall bound (p99 TPOT within the SLO
 for a full batch decoding beside a prefill chunk, every environment warm: ``plan``'s default;
-without the flag the plans are sized as ``plan --no-stall-bound``, as the README's tables before
-it were measured); its cases are written apart (``_stall``). With ``--uniform-levels`` each structure's family also
-holds the brute force's plans (``plan --uniform-levels``); its cases are written apart too
-(``_uniform``). With ``--every-level-premium P`` each structure's every-level plan is judged too
-and taken where it costs at most 1 + P times the structure's cheapest (``plan``'s default, 0.1;
-without the flag it is not judged, as the README's tables before it were measured); cases
-``_premiumP``.
+without the flag the plans are sized as ``plan --no-stall-bound``, as the README's tables before it
+were measured); its cases are written apart (``_stall``). With ``--uniform-levels`` each
+structure's family also holds the brute force's plans (``plan --uniform-levels``); its cases are
+written apart too (``_uniform``). With ``--every-level-premium P`` each structure's every-level
+plan is judged too and taken where it costs at most 1 + P times the structure's cheapest
+(``plan``'s default, 0.1; without the flag it is not judged, as the README's tables before it were
+measured); cases ``_premiumP``.
 
 With ``--prefill-chunks`` the optimiser also chooses the engine's prefill chunk (0: whole prompts,
 the default and the only choice without it); each plan is replayed with the chunk it was sized
