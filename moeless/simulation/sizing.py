@@ -271,9 +271,15 @@ def _why_unreachable(sizing: Sizing) -> str:
     """The refusal: the best latency reached, or, where only the stall bound stands in the way,
     why and what the planning traffic alone would take."""
     slo, stall_ms = sizing.slo, sizing.stall_ms
+    chunked = any(p.prefill_chunk for p in sizing.points)
+    shorter = (
+        "a smaller prefill chunk or more replicas shorten that step"
+        if chunked
+        else "whole prompts: a prefill chunk (--prefill-chunk) bounds that step, more replicas shorten it"
+    )
     beyond = (
         f"no replicas, packing or memory tried decode faster than {stall_ms:.1f} ms per token beside a "
-        "prefill (a smaller prefill chunk or more replicas shorten that step)"
+        f"prefill ({shorter})"
         if stall_ms is not None and stall_ms > slo.tpot_ms
         else ""
     )

@@ -643,6 +643,9 @@ def test_the_stall_bound_sizes_replicas_for_overlaps_the_planning_traffic_never_
     with pytest.raises(SloUnreachable, match="within the stall bound: no replicas") as refused:
         size_for_slo("moeless", deployment, routing, alone, 1200.0, tight, stall_bound=True, **options)
     assert "(--no-stall-bound) it is met here by replicas x1" in str(refused.value)
+    whole = replace(deployment, prefill_chunk=None)  # the probe's prompt is context-long
+    with pytest.raises(SloUnreachable, match=r"whole prompts: a prefill chunk \(--prefill-chunk\)"):
+        size_for_slo("moeless", whole, routing, alone, 1200.0, tight, stall_bound=True, **options)
 
 
 def test_the_levels_in_reach_bound_what_a_step_can_hold_at_once():
