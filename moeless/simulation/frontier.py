@@ -7,12 +7,34 @@ import csv
 from pathlib import Path
 from typing import Any
 
-from moeless.simulation.sizing import Sizing
+from moeless.simulation.sizing import FrontierPoint, Sizing
+
+
+def pareto(points: list[FrontierPoint]) -> list[FrontierPoint]:
+    """The points no other beats on both cost and p99 TPOT, fastest first, among those that
+    completed every request (a run that left requests unfinished has no p99 to speak of: its
+    latency covers only the requests it finished)."""
+    done = sorted(
+        (p for p in points if p.summary["completed"] == p.summary["requests"]),
+        key=lambda p: (p.summary["tpot_ms_p99"], p.usd_per_1k),
+    )
+    front: list[FrontierPoint] = []
+    for point in done:  # each point on the front is cheaper than every faster one
+        if not front or point.usd_per_1k < front[-1].usd_per_1k:
+            front.append(point)
+    return front
 
 
 def frontier_rows(sizings: list[Sizing], fleet: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Every simulated point of every policy, then the fleet's run (policy ``static``)."""
-    rows = [point.row() | {"chosen": point is s.chosen} for s in sizings for point in s.points]
+    """Every simulated point of every policy (``on_frontier``: in :func:`pareto`), then the
+    fleet's run (policy ``static``)."""
+    rows = []
+    for sizing in sizings:
+        front = {id(p) for p in pareto(sizing.points)}
+        rows += [
+            point.row() | {"chosen": point is sizing.chosen, "on_frontier": id(point) in front}
+            for point in sizing.points
+        ]
     if fleet is not None:
         rows.append(
             {
@@ -27,6 +49,7 @@ def frontier_rows(sizings: list[Sizing], fleet: dict[str, Any] | None) -> list[d
                 "completed": fleet["completed"],
                 "requests": fleet["requests"],
                 "chosen": False,
+                "on_frontier": False,
             }
         )
     return rows
@@ -50,12 +73,23 @@ def write_frontier(
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for sizing in sizings:
-        points = sorted(sizing.points, key=lambda p: p.usd_per_1k)
-        axes.plot(
+        points = [p for p in sizing.points if p.summary["completed"] == p.summary["requests"]]
+        unfinished = len(sizing.points) - len(points)
+        shown = axes.plot(
             [p.summary["tpot_ms_p99"] for p in points],
             [p.usd_per_1k for p in points],
-            "o-",
-            label=f"{sizing.policy} (provisioned concurrency by cold-start price)",
+            "o",
+            alpha=0.4,
+            label=f"{sizing.policy}: each plan simulated"
+            + (f" ({unfinished} that left requests unfinished not shown)" if unfinished else ""),
+        )
+        front = pareto(sizing.points)
+        axes.plot(
+            [p.summary["tpot_ms_p99"] for p in front],
+            [p.usd_per_1k for p in front],
+            "-",
+            color=shown[0].get_color(),
+            label=f"{sizing.policy}: frontier (none both cheaper and faster)",
         )
         over = [p for p in points if not sizing.slo.stall_met(p.stall_tpot_ms)]
         if over:  # simulated for what the bound costs, never chosen
