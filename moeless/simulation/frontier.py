@@ -15,7 +15,7 @@ def pareto(points: list[FrontierPoint]) -> list[FrontierPoint]:
     completed every request (a run that left requests unfinished has no p99 to speak of: its
     latency covers only the requests it finished)."""
     done = sorted(
-        (p for p in points if p.summary["completed"] == p.summary["requests"]),
+        (p for p in points if p.finished),
         key=lambda p: (p.summary["tpot_ms_p99"], p.usd_per_1k),
     )
     front: list[FrontierPoint] = []
@@ -73,7 +73,7 @@ def write_frontier(
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     for sizing in sizings:
-        points = [p for p in sizing.points if p.summary["completed"] == p.summary["requests"]]
+        points = [p for p in sizing.points if p.finished]
         unfinished = len(sizing.points) - len(points)
         shown = axes.plot(
             [p.summary["tpot_ms_p99"] for p in points],

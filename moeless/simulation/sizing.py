@@ -185,6 +185,11 @@ class FrontierPoint:
         return float(self.summary["usd_per_1k_requests"])
 
     @property
+    def finished(self) -> bool:
+        """Whether every request completed: otherwise its p99 covers only those that did."""
+        return bool(self.summary["completed"] == self.summary["requests"])
+
+    @property
     def provisioned(self) -> int:
         return sum(f.provisioned_concurrency for f in self.plan.functions)
 
