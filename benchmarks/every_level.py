@@ -46,7 +46,7 @@ def case_file(out: Path, rate: float, plan_on: str, judge_on: str, window: float
 def every_level_case(case: dict[str, Any]) -> dict[str, Any]:
     """Size each mode's 1.5x plan again with every level in reach warm; replay it held out."""
     from moeless.simulation.policies import simulate_policy
-    from moeless.simulation.sizing import Slo, SloUnreachable, size_for_slo
+    from moeless.sizing import DEFAULT_SEARCH, Slo, SloUnreachable, size_for_slo
 
     window = case["window_s"]
     deployment, routing, planning = setting(case["rate"], case["plan_on"], window)
@@ -57,12 +57,14 @@ def every_level_case(case: dict[str, Any]) -> dict[str, Any]:
         row = entry[mode]["planning"]
         chunk = int(row["prefill_chunk"]) or None
         try:
-            sizing = size_for_slo(
-                "moeless", deployment, routing, planning, window, Slo(entry["slo_tpot_ms"]),
-                memory_options=[row["memory_mb"]], replica_scales=[row["replica_scale"]],
-                packings=[row["packing"]], prefill_chunks=[chunk], keep_warm=mode == "pinged",
-                stall_bound=True, every_level=True,
+            search = DEFAULT_SEARCH.with_overrides(
+                memory_mb=(row["memory_mb"],), replica_scales=(row["replica_scale"],),
+                packings=(row["packing"],), prefill_chunks=(chunk,), keep_warm=mode == "pinged",
+                warm_every_level=True, every_level_premium=None,
             )  # fmt: skip
+            sizing = size_for_slo(
+                "moeless", deployment, routing, planning, window, Slo(entry["slo_tpot_ms"]), search
+            )
         except SloUnreachable as exc:
             result[mode] = {"reachable": False, "planning": exc.sizing.best_latency().row()}
             continue

@@ -40,7 +40,8 @@ def row(name: str, chunk: int, summary: dict[str, Any], floor_ms: float, fleet_u
 
 def main() -> None:
     from moeless.simulation.policies import simulate_policy
-    from moeless.simulation.sizing import default_memory_options, lambda_floor_ms
+    from moeless.sizing import lambda_floor_ms
+    from moeless.sizing.structures import default_memory_options
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trace", choices=sorted(ARRIVALS), default="code")

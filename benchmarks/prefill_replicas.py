@@ -25,7 +25,7 @@ def main() -> None:
     from moeless.simulation.arrivals import read_arrivals
     from moeless.simulation.policies import Deployment, plan_for_policy, requests_for, simulate_policy
     from moeless.simulation.routing import SampledRouting
-    from moeless.simulation.sizing import lambda_floor_ms
+    from moeless.sizing import lambda_floor_ms
 
     if not (DATA / "arrivals").is_dir():
         raise SystemExit("needs ../shared/data (the Azure 2023 arrival traces and OLMoE's routing)")

@@ -72,13 +72,8 @@ def main() -> None:
         parser.error(f"unknown variants {sorted(unknown)}; known: {','.join(VARIANTS)}")
 
     from moeless.simulation.policies import simulate_policy
-    from moeless.simulation.sizing import (
-        Slo,
-        SloUnreachable,
-        default_memory_options,
-        lambda_floor_ms,
-        size_for_slo,
-    )
+    from moeless.sizing import DEFAULT_SEARCH, Slo, SloUnreachable, lambda_floor_ms, size_for_slo
+    from moeless.sizing.structures import default_memory_options
 
     deployment, routing, planning = setting(args.rate, "code", args.window)
     deployment = replace(deployment, prefill_chunk=CHUNK)
@@ -87,8 +82,9 @@ def main() -> None:
     floor = lambda_floor_ms(deployment, memory[0])
     slo = Slo(args.slo * floor)
     print(f"sizing the provisioned-only plan for {slo.describe()} ({args.slo:g}x the floor) on code ...")
-    sized = size_for_slo("moeless", deployment, routing, planning, args.window, slo, memory_options=memory,
-                         keep_warm=False)  # fmt: skip
+    # plan's defaults, provisioned only and one memory size (what this benchmark studies)
+    search = DEFAULT_SEARCH.with_overrides(memory_mb=tuple(memory), keep_warm=False)
+    sized = size_for_slo("moeless", deployment, routing, planning, args.window, slo, search)
     price = sized.chosen.usd_per_cold_start
     plans = {"static": sized.chosen.plan}
     for variant in variants:
@@ -97,7 +93,7 @@ def main() -> None:
     if args.in_loop:
         try:
             looped = size_for_slo("moeless", deployment, routing, planning, args.window, slo,
-                                  memory_options=memory, keep_warm=False, replan_s=60.0)  # fmt: skip
+                                  search.with_overrides(replan_s=60.0))  # fmt: skip
             plans["sized with it in the loop"] = looped.chosen.plan
         except SloUnreachable as exc:
             print(f"sized with the re-planner in the loop: {exc}")

@@ -168,7 +168,7 @@ def host_process(artifacts: Path, plan: Path) -> Iterator[str]:
     command = [
         sys.executable,
         "-c",
-        "from moeless.cli.main import cli; cli()",
+        "from cli.main import cli; cli()",
         "functions",
         "up",
         str(artifacts),

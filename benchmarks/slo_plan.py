@@ -108,9 +108,10 @@ def pick(points: list[Any], slo_ms: float, premium: float | None = None) -> tupl
     """The optimiser's choice for the SLO on the planning traffic (``choose``: the cheapest point
     meeting it and the stall bound, where the points were probed for it, or with a ``premium`` an
     every-level one), else the fastest (unreachable)."""
-    from moeless.simulation.sizing import Slo, choose, fastest_completing
+    from moeless.sizing import Slo, choose
+    from moeless.sizing.choice import fastest_completing
 
-    chosen = choose(points, Slo(slo_ms), premium)
+    chosen = choose(points, Slo(slo_ms), premium, bounded=True)
     if chosen is not None:
         return chosen, True
     return min(points, key=fastest_completing), False
@@ -133,13 +134,9 @@ def one_case(
     the held-out trace, and with ``full`` the provisioned-only mode too (``sweep_uniform`` adds
     its uniform levels)."""
     from moeless.simulation.policies import simulate_policy
-    from moeless.simulation.sizing import (
-        Slo,
-        default_memory_options,
-        fastest_completing,
-        lambda_floor_ms,
-        size_for_slo,
-    )
+    from moeless.sizing import DEFAULT_SEARCH, Slo, lambda_floor_ms, size_for_slo
+    from moeless.sizing.choice import fastest_completing
+    from moeless.sizing.structures import default_memory_options
 
     deployment, routing, planning = setting(rate, plan_on, window_s)
     held_out = requests_of(rate, judge_on, window_s)
@@ -162,10 +159,13 @@ def one_case(
     modes = (("pinged", True), ("provisioned_only", False)) if full else (("pinged", True),)
     frontiers = {}
     for name, keep_warm in modes:
-        sizing = size_for_slo("moeless", deployment, routing, planning, window_s, Slo(float("inf")),
-                              memory_options=memory, keep_warm=keep_warm, prefill_chunks=chunks,
-                              stall_bound=stall_bound, uniform_levels=uniform_levels,
-                              every_level_premium=premium)  # fmt: skip
+        # every point judged (exhaustive): each SLO's choice is then made from the whole frontier
+        search = DEFAULT_SEARCH.with_overrides(
+            memory_mb=tuple(memory), keep_warm=keep_warm, prefill_chunks=tuple(chunks),
+            stall_bound=stall_bound, uniform_levels=uniform_levels, every_level_premium=premium,
+            exhaustive=True,
+        )  # fmt: skip
+        sizing = size_for_slo("moeless", deployment, routing, planning, window_s, Slo(float("inf")), search)
         frontiers[name] = sizing.points
         case[f"frontier_{name}"] = [p.row() for p in sizing.points]
     replayed: dict[int, dict[str, Any]] = {}
@@ -199,7 +199,7 @@ def sweep_uniform(case: dict[str, Any]) -> bool:
     from moeless.planning.concurrency import Warmth, with_concurrency, with_memory, with_replicas
     from moeless.planning.packing import pack_across_layers
     from moeless.simulation.policies import plan_for_policy, simulate_policy
-    from moeless.simulation.sizing import memory_for_experts, pair_scores, reach_of
+    from moeless.sizing.structures import coactivation, memory_for_experts, reach_of
 
     window = case["window_s"]
     deployment, routing, planning = setting(case["rate"], case["plan_on"], window)
@@ -218,7 +218,7 @@ def sweep_uniform(case: dict[str, Any]) -> bool:
             variant = replace(deployment, prefill_chunk=chunk)
             base = with_concurrency(plan_for_policy("moeless", loads, variant), {})
             memory_for = functools.partial(memory_for_experts, variant)
-            packed = pack_across_layers(base, packing, pair_scores(routing, loads), memory_for)
+            packed = pack_across_layers(base, packing, coactivation(routing, loads), memory_for)
             structure = with_replicas(with_memory(packed, memory), scale)
             top = max(reach_of(structure, variant).values())
             levels = sorted(set(UNIFORM_LEVELS) | (set(range(top + 1)) if top <= MAX_SWEPT else {top}))

@@ -2,7 +2,7 @@
 policy (moeless's provisioned concurrency sized for a stated SLO), compare with the unsplit model,
 predict one request, simulate, and write the report.
 
-The command (``moeless/cli/cmd_demo.py``) runs them in order and serves the chosen plan between
+The command (``cli/cmd_demo.py``) runs them in order and serves the chosen plan between
 planning and comparing.
 """
 
@@ -125,23 +125,15 @@ def size_for_demo_slo(trace_dir: Path, manifest: Manifest, out: Path) -> tuple[P
     :data:`SLO_FLOOR_FACTOR` x the Lambda floor, p99 TTFT at most :data:`SLO_TTFT_MS`) on the
     demo's simulated traffic; saved as ``out/moeless.json``. Returns it and the line the report
     states it with."""
-    from moeless.simulation.sizing import (
-        DEFAULT_EVERY_LEVEL_PREMIUM,
-        Slo,
-        SloUnreachable,
-        default_memory_options,
-        lambda_floor_ms,
-        size_for_slo,
-    )
+    from moeless.simulation.report import ms
+    from moeless.sizing import DEFAULT_SEARCH, Slo, SloUnreachable, lambda_floor_ms, size_for_slo
+    from moeless.sizing.structures import default_memory_options
 
     deployment, routing, replay = _traffic(trace_dir)
     floor = lambda_floor_ms(deployment, default_memory_options(deployment)[0])
     slo = Slo(SLO_FLOOR_FACTOR * floor, SLO_TTFT_MS)
     try:
-        sizing = size_for_slo(
-            "moeless", deployment, routing, replay, SIMULATED_S, slo,
-            every_level_premium=DEFAULT_EVERY_LEVEL_PREMIUM, stall_bound=True,  # as `plan` sizes by default
-        )  # fmt: skip
+        sizing = size_for_slo("moeless", deployment, routing, replay, SIMULATED_S, slo, DEFAULT_SEARCH)
     except SloUnreachable as exc:
         best = exc.sizing.best_latency()
         plan, reached = best.plan, f"unreachable: {exc}; serving the fastest plan found"
@@ -157,7 +149,7 @@ def size_for_demo_slo(trace_dir: Path, manifest: Manifest, out: Path) -> tuple[P
         f"on {len(replay)} simulated requests ({ARRIVAL}): {reached}; {best.provisioned} provisioned "
         f"environments, {best.keep_warm} kept warm by pings"
         f"{' (every level a step can use)' if best.every_level else ''}, replicas x{best.replica_scale}, "
-        f"{best.memory_mb} MB; simulated p99 TPOT {summary['tpot_ms_p99']:.1f} ms, "
+        f"{best.memory_mb} MB; simulated p99 TPOT {ms(summary['tpot_ms_p99'])} ms, "
         f"${summary['usd_per_1k_requests']:.4f} per 1k requests"
         + (
             f"; {best.stall_tpot_ms:.1f} ms per token decoding beside a prefill (the stall bound)"
@@ -242,6 +234,8 @@ def demo_report(
     lines += [f"  layer {layer}: {' '.join(items)}" for layer, items in sorted(by_layer.items())]
     lines += ["", "## The local Lambda host's bill", format_bill(bill, max_rows=5)]
     base = next(r for r in rows if r["policy"] == Policy.STATIC)
+    from moeless.simulation.report import ms
+
     lines += [
         "",
         f"## Simulated cost and latency, whole model (vs the serverful fleet `static`: {base['fleet']})",
@@ -253,8 +247,9 @@ def demo_report(
     for r in rows:
         ratio = r["usd_per_1k_requests"] / base["usd_per_1k_requests"] if base["usd_per_1k_requests"] else 0.0
         lines.append(
-            f"  {r['policy']:<8} {r['usd_per_1k_requests']:>12.4f} {ratio:>8.2f}x {r['ttft_ms_p99']:>9.0f} "
-            f"{r['tpot_ms_p99']:>9.1f} {r['request_ms_p99']:>8.0f} {r['cold_starts']:>5}  "
+            f"  {r['policy']:<8} {r['usd_per_1k_requests']:>12.4f} {ratio:>8.2f}x "
+            f"{ms(r['ttft_ms_p99'], 0):>9} "
+            f"{ms(r['tpot_ms_p99']):>9} {ms(r['request_ms_p99'], 0):>8} {r['cold_starts']:>5}  "
             f"{r['fleet'] or r['backbone']}"
         )
     lines.append("  plots: " + ", ".join(str(p) for p in plots))

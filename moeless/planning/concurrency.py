@@ -24,7 +24,7 @@ user can refuse (``--no-keep-warm``).
 :func:`provisioned_for` prices a cold start at ``usd_per_cold_start`` (the Lagrange multiplier of
 the latency target) and keeps each level warm the cheaper way when ``lambda * c_j`` pays for it.
 ``lambda = 0`` provisions only what saves money outright; ``lambda = inf`` keeps every level that
-saw a cold start warm. The optimiser (:mod:`moeless.simulation.sizing`) finds the smallest multiplier whose
+saw a cold start warm. The optimiser (:mod:`moeless.sizing`) finds the smallest multiplier whose
 plan meets the SLO in the simulator; the result is monotone in it, so a tighter SLO never costs less.
 """
 
@@ -33,7 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from moeless.aws_prices import PRICES, LambdaPrices
+from moeless.aws_prices import PRICES, LambdaPrices, billed_ms, gb_seconds
 from moeless.contracts.plan import ExpertPlacement, FunctionSpec, Plan
 
 
@@ -76,7 +76,7 @@ def ping_cost_usd(
 ) -> float:
     """$ of keeping one on-demand environment alive over ``span_s`` with a warm-up invoke every
     ``ping_s`` (one request and ``ping_ms`` of billed duration each)."""
-    per_ping = prices.per_request + math.ceil(ping_ms) / 1e3 * memory_mb / 1024 * prices.per_gb_second
+    per_ping = prices.per_request + gb_seconds(billed_ms(ping_ms), memory_mb) * prices.per_gb_second
     return math.ceil(span_s / ping_s) * per_ping
 
 
@@ -278,6 +278,8 @@ class _Forecast:
 
 
 LONG_MEMORY_S = 1800.0  # the re-planner's long memory: a window's weight halves every 30 minutes
+REPLAN_SMOOTHING = 0.5  # the short memory: each window's weight against the forecast so far
+REPLAN_DOWN_AFTER = 3  # windows a lower level must persist before the re-planner takes it
 
 
 class ForecastReplanner:
@@ -332,8 +334,8 @@ class ForecastReplanner:
         memory_mb: dict[str, int],
         usd_per_cold_start: float,
         ping_usd_per_s: float | None = None,
-        smoothing: float = 0.5,
-        down_after: int = 3,
+        smoothing: float = REPLAN_SMOOTHING,
+        down_after: int = REPLAN_DOWN_AFTER,
         prices: LambdaPrices = PRICES,
         memory_s: float | None = LONG_MEMORY_S,
         hold_s: float | None = None,
@@ -369,8 +371,8 @@ class ForecastReplanner:
             {f.name: f.memory_mb for f in plan.functions},
             math.inf if price is None else float(price),
             None if ping is None else float(ping),
-            float(params.get("smoothing", 0.5)),
-            int(params.get("down_after", 3)),
+            float(params.get("smoothing", REPLAN_SMOOTHING)),
+            int(params.get("down_after", REPLAN_DOWN_AFTER)),
             memory_s=None if memory is None else float(memory),
             hold_s=None if hold is None else float(hold),
         )

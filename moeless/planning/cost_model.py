@@ -169,8 +169,13 @@ class CostModel:
 
     def invoke_usd(self, duration_ms: float, memory_mb: int, provisioned: bool = False) -> float:
         """One invoke: the request plus its billed duration."""
+        return self.prices.per_request + self.duration_usd(duration_ms, memory_mb, provisioned)
+
+    def duration_usd(self, duration_ms: float, memory_mb: int, provisioned: bool = False) -> float:
+        """Lambda's duration charge of one invoke (or init): rounded up to the billing step, at the
+        on-demand or, on a provisioned environment, the provisioned duration price."""
         rate = self.prices.provisioned_duration_per_gb_second if provisioned else self.prices.per_gb_second
-        return self.prices.per_request + gb_seconds(billed_ms(duration_ms), memory_mb) * rate
+        return gb_seconds(billed_ms(duration_ms), memory_mb) * rate
 
     def provisioned_usd_per_s(self, memory_mb: int, concurrency: int) -> float:
         return concurrency * memory_mb / 1024 * self.prices.provisioned_per_gb_second

@@ -33,6 +33,13 @@ COLUMNS = (
     "backbone",
 )
 COMPONENTS = ("requests", "duration", "provisioned", "gpu")
+
+
+def ms(value: float | None, digits: int = 1) -> str:
+    """A latency percentile as printed: ``none`` where nothing was measured (never 0)."""
+    return "none" if value is None else f"{value:.{digits}f}"
+
+
 # the components' columns: Lambda's request and duration charges, provisioned concurrency, GPUs
 COMPONENT_COLUMNS = {
     "requests": "usd_per_1k_lambda_requests",
@@ -72,9 +79,9 @@ def write_report(results: list[PolicyResult], out_dir: Path, header: list[str], 
         done = "" if row["completed"] == row["requests"] else f" ({row['completed']}/{row['requests']} done)"
         lines.append(
             f"| {row['policy']}{done} | {row['usd_per_1k_requests']:.4f} | "
-            f"{row['ttft_ms_p50']:.0f} / {row['ttft_ms_p99']:.0f} | {row['tpot_ms_p50']:.1f} / "
-            f"{row['tpot_ms_p99']:.1f} | {row['request_ms_p99']:.0f} | {row['moe_layer_ms_p50']:.2f} / "
-            f"{row['moe_layer_ms_p99']:.2f} | {row['cold_starts']} | {row['invokes']} | "
+            f"{ms(row['ttft_ms_p50'], 0)} / {ms(row['ttft_ms_p99'], 0)} | {ms(row['tpot_ms_p50'])} / "
+            f"{ms(row['tpot_ms_p99'])} | {ms(row['request_ms_p99'], 0)} | {ms(row['moe_layer_ms_p50'], 2)} / "
+            f"{ms(row['moe_layer_ms_p99'], 2)} | {row['cold_starts']} | {row['invokes']} | "
             f"{row['fleet'] or row['backbone']} | {parts} |"
         )
     lines += ["", "## Constants and their sources", "", *(f"- {s}" for s in sources)]

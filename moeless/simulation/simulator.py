@@ -152,8 +152,11 @@ class PolicyResult:
     demand: dict[str, LevelDemand] = field(default_factory=dict)
 
     def summary(self) -> dict[str, Any]:
-        def pct(values: list[float], q: float) -> float:
-            return float(np.percentile(values, q)) if values else 0.0
+        """The run's figures; a percentile over no values (nothing completed, or no request
+        decoded a second token) is ``None``, never 0."""
+
+        def pct(values: list[float], q: float) -> float | None:
+            return float(np.percentile(values, q)) if values else None
 
         total = sum(self.usd.values())
         served = max(self.completed, 1)
@@ -500,14 +503,7 @@ class Simulator:
                 if new > 0:
                     function.warming += [now + cold_ms / 1e3] * new
                     usd["requests"] += new * self.model.prices.per_request
-                    usd["duration"] += (
-                        new
-                        * math.ceil(cold_ms)
-                        / 1e3
-                        * function.memory_mb
-                        / 1024
-                        * self.model.prices.per_gb_second
-                    )
+                    usd["duration"] += new * self.model.duration_usd(cold_ms, function.memory_mb)
         else:
             self.replans += 1
 
@@ -524,27 +520,26 @@ class Simulator:
             for _ in range(max(0, wanted - len(function.free_at))):
                 function.free_at.append(0.0)
                 result.warm_up_invokes += 1
-                result.one_off_usd += self.model.prices.per_request + (
-                    math.ceil(cold_ms) / 1e3 * function.memory_mb / 1024 * self.model.prices.per_gb_second
-                )
+                result.one_off_usd += self.model.invoke_usd(cold_ms, function.memory_mb)
 
     def _bill_pings(self, span_s: float, result: PolicyResult, usd: dict[str, float]) -> None:
         """Every ``ping_s``, each function keeping environments warm pings them all at once (its
         provisioned ones take the first pings): one request and one token's compute each."""
         rounds = math.ceil(span_s / self.ping_s)
-        size, prices = self.size, self.model.prices
         for function in self.functions.values():
             if not function.keep_warm:
                 continue
             pings = rounds * (function.keep_warm + function.provisioned)
-            compute = self.model.expert_ms(
-                1, size.hidden, size.intermediate, self.model.vcpus(function.memory_mb), size.weight_bytes
-            )
             result.keep_warm_pings += pings
-            usd["requests"] += pings * prices.per_request
-            usd["duration"] += (
-                pings * math.ceil(compute) / 1e3 * function.memory_mb / 1024 * prices.per_gb_second
-            )
+            usd["requests"] += pings * self.model.prices.per_request
+            usd["duration"] += pings * self.model.duration_usd(self._ping_ms(function), function.memory_mb)
+
+    def _ping_ms(self, function: _Function) -> float:
+        """One ping's billed compute: one token through one expert (fp32, as the pings are costed)."""
+        size = self.size
+        return self.model.expert_ms(
+            1, size.hidden, size.intermediate, self.model.vcpus(function.memory_mb), size.weight_bytes
+        )
 
     def _expire(self, function: _Function, now: float) -> None:
         """Drop the on-demand instances idle longer than the timeout, except those the pings keep
@@ -712,9 +707,7 @@ class Simulator:
                 function.warming.append(now + cold_ms / 1e3)
                 result.prewarms += 1
                 usd["requests"] += self.model.prices.per_request
-                usd["duration"] += (
-                    math.ceil(cold_ms) / 1e3 * function.memory_mb / 1024 * self.model.prices.per_gb_second
-                )
+                usd["duration"] += self.model.duration_usd(cold_ms, function.memory_mb)
 
     def _init_ms(self, function: _Function) -> float:
         """One environment's init: loading every expert the function hosts."""
@@ -810,13 +803,7 @@ class Simulator:
             self._demand.setdefault(name, LevelDemand()).add(level, busy_ms / 1e3, level_idle)
             if self.reprovision is not None:
                 self._window_demand.setdefault(name, LevelDemand()).add(level, busy_ms / 1e3, level_idle)
-        rate = (
-            self.model.prices.provisioned_duration_per_gb_second
-            if provisioned
-            else self.model.prices.per_gb_second
-        )
-        billed = math.ceil(compute + cold_ms)
-        usd["duration"] += billed / 1e3 * function.memory_mb / 1024 * rate
+        usd["duration"] += self.model.duration_usd(compute + cold_ms, function.memory_mb, provisioned)
         if self.timeline:
             result.busy.append((start, start + busy_ms / 1e3))
         return (start - now) * 1e3 + busy_ms

@@ -9,7 +9,7 @@ import sys
 import pytest
 from click.testing import CliRunner
 
-from moeless.cli.main import COMMANDS, cli
+from cli.main import COMMANDS, cli
 
 
 @pytest.fixture
@@ -26,7 +26,7 @@ def test_help_of_every_command(runner, args):
 
 def test_cli_starts_without_heavy_imports():
     code = (
-        "import sys; from click.testing import CliRunner; from moeless.cli.main import cli; "
+        "import sys; from click.testing import CliRunner; from cli.main import cli; "
         "CliRunner().invoke(cli, ['--help']); "
         "print([m for m in ('torch', 'transformers', 'onnxruntime') if m in sys.modules])"
     )

@@ -20,8 +20,8 @@ pytest.importorskip("moto.server", reason="needs moto[server] (the dev extra)")
 import boto3
 from moto.server import ThreadedMotoServer
 
+from cli.main import cli
 from moeless.artifacts.store import download_artifacts, upload_artifacts
-from moeless.cli.main import cli
 from moeless.contracts.manifest import load_manifest
 from moeless.contracts.plan import one_function_per_expert
 from moeless.deployment.cloud_mirror import mirror_deployment

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from moeless.cli.main import cli
+from cli.main import cli
 from moeless.contracts.manifest import load_manifest
 from moeless.contracts.plan import one_function_per_expert
 from moeless.errors import PlanError

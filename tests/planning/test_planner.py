@@ -257,7 +257,7 @@ def test_plans_round_trip_through_the_schema():
 def test_expert_shape_comes_from_the_named_model_or_asks_for_model(tmp_path):
     from click.testing import CliRunner
 
-    from moeless.cli.main import cli
+    from cli.main import cli
     from moeless.errors import ModelShapeError
     from moeless.planning.planner import expert_shape
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from moeless.cli.main import cli
+from cli.main import cli
 from moeless.prediction.evaluation import evaluate, routers_of, split_requests
 from moeless.prediction.predictors import FrequencyPrior, GateCopy, LayerAware, SimilarPromptSearch, hit_rate
 from moeless.prediction.trace import TraceError, load_trace, profile

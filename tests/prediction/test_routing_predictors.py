@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from moeless.cli.cmd_predict_routing import ROUTING_METHODS as CLI_METHODS
-from moeless.cli.main import cli
+from cli.cmd_predict_routing import ROUTING_METHODS as CLI_METHODS
+from cli.main import cli
 from moeless.prediction.crosslayer import CrossLayerModel, TransitionTable
 from moeless.prediction.predictors import FrequencyPrior
 from moeless.prediction.prompt_predictors import KernelNeighbours, weighted_median_shares

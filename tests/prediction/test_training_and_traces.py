@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from moeless.cli.main import cli
+from cli.main import cli
 from moeless.model.training import TrainSpec, train_model
 from moeless.prediction.trace import TraceError, load_trace, profile, read_prompts
 

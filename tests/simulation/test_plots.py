@@ -24,12 +24,12 @@ def test_plot_series_and_files(tmp_path):
 def test_the_frontier_keeps_the_plans_none_beats_on_both_cost_and_latency():
     """A plan is on the frontier when no other is both cheaper and faster; a run that left
     requests unfinished has a p99 over the few it finished (here 0 ms), so it is left off."""
-    from moeless.simulation.frontier import pareto
-    from moeless.simulation.sizing import FrontierPoint
+    from moeless.sizing import FrontierPoint
+    from moeless.sizing.frontier import pareto
 
     def point(tpot_ms: float, usd: float, completed: int = 4) -> FrontierPoint:
         summary = {"tpot_ms_p99": tpot_ms, "usd_per_1k_requests": usd, "completed": completed, "requests": 4}
-        return FrontierPoint(1769, 0.0, plan=None, summary=summary)  # type: ignore[arg-type]
+        return FrontierPoint(None, 0.0, plan=None, summary=summary)  # type: ignore[arg-type]
 
     fast, dear_slow, middle, cheap = point(10, 9), point(30, 9.5), point(20, 5), point(40, 1)
     unfinished, dearer_tie = point(0, 0.5, completed=1), point(40, 2)

@@ -347,7 +347,7 @@ def test_simulate_command_writes_the_report_with_the_contract_columns(tmp_path):
 
     from click.testing import CliRunner
 
-    from moeless.cli.main import cli
+    from cli.main import cli
     from moeless.simulation.report import COLUMNS, COMPONENT_COLUMNS
 
     loads = tmp_path / "loads.json"
@@ -382,7 +382,7 @@ def test_simulate_refuses_an_unknown_model_and_a_mismatched_one(tmp_path):
 
     from click.testing import CliRunner
 
-    from moeless.cli.main import cli
+    from cli.main import cli
 
     loads = tmp_path / "loads.json"
     layers = [{"layer": layer, "counts": counts} for layer, counts in SHARES.items()]

@@ -15,21 +15,21 @@ from moeless.version import __version__
 
 # command name -> "module:attribute"
 COMMANDS: dict[str, str] = {
-    "model": "moeless.cli.cmd_model:model",
-    "package": "moeless.cli.cmd_package:package",
-    "verify": "moeless.cli.cmd_verify:verify",
-    "demo": "moeless.cli.cmd_demo:demo",
-    "functions": "moeless.cli.cmd_functions:functions",
-    "serve": "moeless.cli.cmd_serve:serve",
-    "invoke": "moeless.cli.cmd_invoke:invoke",
-    "plan": "moeless.cli.cmd_plan:plan",
-    "profile": "moeless.cli.cmd_profile:profile",
-    "trace": "moeless.cli.cmd_profile:trace",
-    "predict": "moeless.cli.cmd_profile:predict",
-    "simulate": "moeless.cli.cmd_simulate:simulate",
-    "apply-plan": "moeless.cli.cmd_plan:apply_plan",
-    "deploy": "moeless.cli.cmd_deploy:deploy",
-    "destroy": "moeless.cli.cmd_deploy:destroy",
+    "model": "cli.cmd_model:model",
+    "package": "cli.cmd_package:package",
+    "verify": "cli.cmd_verify:verify",
+    "demo": "cli.cmd_demo:demo",
+    "functions": "cli.cmd_functions:functions",
+    "serve": "cli.cmd_serve:serve",
+    "invoke": "cli.cmd_invoke:invoke",
+    "plan": "cli.cmd_plan:plan",
+    "profile": "cli.cmd_profile:profile",
+    "trace": "cli.cmd_profile:trace",
+    "predict": "cli.cmd_profile:predict",
+    "simulate": "cli.cmd_simulate:simulate",
+    "apply-plan": "cli.cmd_plan:apply_plan",
+    "deploy": "cli.cmd_deploy:deploy",
+    "destroy": "cli.cmd_deploy:destroy",
 }
 
 

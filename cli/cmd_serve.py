@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import click
 
-from moeless.cli.options import echo_step, plan_option, quiet_option
-from moeless.cli.running import expert_task_root, host_options, wait_for_stop_signal
+from cli.options import echo_step, plan_option, quiet_option
+from cli.running import expert_task_root, host_options, wait_for_stop_signal
 from moeless.contracts.environment import ALIAS, DEFAULT_MAX_BATCH, DEFAULT_REPLAN_INTERVAL_S
 
 if TYPE_CHECKING:

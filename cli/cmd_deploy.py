@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from moeless.cli.options import echo_step, plan_option
+from cli.options import echo_step, plan_option
 
 if TYPE_CHECKING:
     from moeless.contracts.plan import Plan
@@ -145,7 +145,7 @@ def deploy(
 
 
 def _deploy_locally(request: DeployRequest, plan: Plan, aws_endpoint: str | None, port: int) -> None:
-    from moeless.cli.cmd_serve import LocalHost, serve_until_stopped
+    from cli.cmd_serve import LocalHost, serve_until_stopped
     from moeless.serving.backbone import BackboneConfig
 
     if aws_endpoint:

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import click
 
+from cli.options import option_group
 from moeless.checkout import EXPERT_TASK_ROOT
-from moeless.cli.options import option_group
 from moeless.contracts.environment import ALIAS
 
 

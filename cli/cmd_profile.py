@@ -7,8 +7,8 @@ from pathlib import Path
 
 import click
 
-from moeless.cli.cmd_predict_routing import echo_metrics, eval_routing
-from moeless.cli.options import quiet_option
+from cli.cmd_predict_routing import echo_metrics, eval_routing
+from cli.options import quiet_option
 
 
 @click.command()

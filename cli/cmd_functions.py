@@ -8,8 +8,8 @@ from pathlib import Path
 
 import click
 
-from moeless.cli.options import echo_step, plan_option, quiet_option
-from moeless.cli.running import expert_task_root, host_options, wait_for_stop_signal
+from cli.options import echo_step, plan_option, quiet_option
+from cli.running import expert_task_root, host_options, wait_for_stop_signal
 
 
 @click.group()

@@ -29,14 +29,26 @@ from moeless.planning.concurrency import (
 from moeless.simulation.policies import Deployment, plan_for_policy, simulate_policy
 from moeless.simulation.routing import SampledRouting
 from moeless.simulation.simulator import Request
-from moeless.simulation.sizing import (
-    DEFAULT_EVERY_LEVEL_PREMIUM,
-    PRICE_GRID,
-    Slo,
-    SloUnreachable,
-    size_for_slo,
-)
+from moeless.sizing import DEFAULT_SEARCH, SearchSpace, Slo, SloUnreachable
+from moeless.sizing import size_for_slo as optimise
+from moeless.sizing.settings import PRICE_GRID
 from tests.simulation.test_simulator import GPU, HARDWARE, SIZE, sampled
+
+# the bare optimiser these tests size with: no stall bound, no insurance (each test asks for what it
+# checks), every candidate judged in this process
+BARE = SearchSpace(stall_bound=False, every_level_premium=None, processes=1, exhaustive=True)
+DEFAULT_EVERY_LEVEL_PREMIUM = DEFAULT_SEARCH.every_level_premium
+RENAMED = {"memory_options": "memory_mb", "every_level": "warm_every_level"}
+
+
+def size_for_slo(policy, deployment, routing, replay, duration_s, slo, **settings):
+    """The optimiser on :data:`BARE` with ``settings`` (lists as the search space's tuples)."""
+    changes = {
+        RENAMED.get(name, name): tuple(value) if isinstance(value, list) else value
+        for name, value in settings.items()
+    }
+    return optimise(policy, deployment, routing, replay, duration_s, slo, replace(BARE, **changes))
+
 
 MB = 1769
 
@@ -182,7 +194,7 @@ def test_a_tighter_slo_never_costs_less_and_an_unreachable_one_says_what_is_reac
 def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
     from click.testing import CliRunner
 
-    from moeless.cli.main import cli
+    from cli.main import cli
 
     loads = tmp_path / "loads.json"
     layers = [
@@ -207,18 +219,21 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
         )
 
     mixed = refused("--workers", "2")
-    assert mixed.exit_code == 2 and "--workers: not with --slo-tpot-ms" in mixed.output
-    both = refused("--warm-every-level", "--uniform-levels")
-    assert both.exit_code == 2 and "--warm-every-level or --uniform-levels" in both.output
-    insured = refused("--warm-every-level", "--every-level-premium", "0.2")
-    assert insured.exit_code == 2 and "--warm-every-level or --every-level-premium" in insured.output
-    for flag in ("--stall-bound", "--no-stall-bound"):
-        unsized = runner.invoke(cli, ["plan", *common, "--policy", "moeless", flag, "-o", str(plan_path)])
-        assert unsized.exit_code == 2 and "--uniform-levels go with --slo-tpot-ms" in unsized.output
+    assert mixed.exit_code == 2 and "--workers not with --slo-tpot-ms" in mixed.output
+    search = tmp_path / "search.json"
+    search.write_text(json.dumps({"warm_every_level": True, "uniform_levels": True}))
+    both = refused("--search", str(search))
+    assert both.exit_code == 1 and "warm_every_level or uniform_levels" in both.output
+    search.write_text(json.dumps({"uniform_levels": True, "packings": [1, 4], "typo": 1}))
+    unknown = refused("--search", str(search))
+    assert unknown.exit_code == 1 and "unknown setting(s) typo" in unknown.output
+    unsized = runner.invoke(cli, ["plan", *common, "--policy", "moeless", "-o", str(plan_path)])
+    assert unsized.exit_code == 2 and "--arrivals needs --slo-tpot-ms" in unsized.output
+    search.write_text(json.dumps({"uniform_levels": True, "processes": 2}))
     sized = runner.invoke(
         cli,
         ["plan", *common, "--policy", "moeless", "--slo-tpot-ms", "1e7", "--frontier", "--prefill-chunk", "8",
-         "--uniform-levels", "-o", str(plan_path)],
+         "--search", str(search), "-o", str(plan_path)],
     )  # fmt: skip
     assert sized.exit_code == 0, sized.output
     assert "stall bound: p99 TPOT" in sized.output
@@ -258,7 +273,7 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
 def test_simulate_refuses_a_plan_sized_for_another_deployment(tmp_path):
     from click.testing import CliRunner
 
-    from moeless.cli.main import cli
+    from cli.main import cli
 
     recorded = {"model": "deepseek-v3", "expert_dtype": "int8", "prefill_chunk": 256}
     plan = Plan("moeless", [], [], params={"deployment": recorded})
@@ -590,8 +605,8 @@ def test_the_stall_bound_sizes_replicas_for_overlaps_the_planning_traffic_never_
     same prompts arrive together (each decodes beside the others' chunks). The stall probe
     predicts that overlapped TPOT with the traffic unseen; under the bound the optimiser takes
     the replicas that meet it, and a bound no structure meets is refused saying why."""
-    from moeless.cli.cmd_plan import _stall_lines
-    from moeless.simulation.sizing import stall_tpot_ms
+    from cli.cmd_plan import _stall_lines
+    from moeless.sizing.stall import stall_tpot_ms
 
     deployment = replace(Deployment.choose(one_expert_shape()), prefill_chunk=256)
     routing = SampledRouting.from_loads(Loads({0: np.array([4.0, 3, 2, 1])}, {"top_k": 1}), 1, [0], 1)
@@ -620,7 +635,10 @@ def test_the_stall_bound_sizes_replicas_for_overlaps_the_planning_traffic_never_
     # the structures over the bound are still simulated: what the traffic alone takes, and the price
     assert (sizing.unbounded.replica_scale, sizing.unbounded.usd_per_1k) == (1, trace_only.usd_per_1k)
     said = _stall_lines(sizing)
-    assert said[0].startswith("  stall bound: p99 TPOT") and "(--no-stall-bound): replicas x1" in said[1]
+    assert (
+        said[0].startswith("  stall bound: p99 TPOT")
+        and '"stall_bound": false in --search): replicas x1' in said[1]
+    )
     assert f"costs {bounded.usd_per_1k / trace_only.usd_per_1k:.2f}x here" in said[1]
     assert (
         "within the SLO"
@@ -642,7 +660,7 @@ def test_the_stall_bound_sizes_replicas_for_overlaps_the_planning_traffic_never_
     assert size_for_slo("moeless", deployment, routing, alone, 1200.0, tight, **options).chosen
     with pytest.raises(SloUnreachable, match="within the stall bound: no replicas") as refused:
         size_for_slo("moeless", deployment, routing, alone, 1200.0, tight, stall_bound=True, **options)
-    assert "(--no-stall-bound) it is met here by replicas x1" in str(refused.value)
+    assert '"stall_bound": false in --search) it is met here by replicas x1' in str(refused.value)
     whole = replace(deployment, prefill_chunk=None)  # the probe's prompt is context-long
     with pytest.raises(SloUnreachable, match=r"whole prompts: a prefill chunk \(--prefill-chunk\)"):
         size_for_slo("moeless", whole, routing, alone, 1200.0, tight, stall_bound=True, **options)
@@ -698,16 +716,19 @@ def test_every_level_in_reach_warm_leaves_no_cold_start_on_traffic_the_plan_neve
 
 
 def test_the_best_reachable_latency_is_that_of_a_plan_that_completed_its_requests():
-    from moeless.simulation.sizing import FrontierPoint, Sizing
+    from moeless.sizing import FrontierPoint, Sizing
+    from moeless.sizing.structures import Structure
 
-    def point(completed: int, tpot_ms: float) -> FrontierPoint:
+    structure = Structure(Deployment.choose(one_expert_shape()), Plan("moeless", [], []), 1769, 1, 1, 1)
+
+    def point(completed: int, tpot_ms: float | None) -> FrontierPoint:
         summary = {"completed": completed, "requests": 4, "tpot_ms_p99": tpot_ms, "ttft_ms_p99": tpot_ms,
                    "usd_per_1k_requests": 1.0}  # fmt: skip
-        return FrontierPoint(1769, 0.0, Plan("moeless", [], []), summary)
+        return FrontierPoint(structure, 0.0, Plan("moeless", [], []), summary)
 
-    overloaded, slow, fast_but_partial = point(0, 0.0), point(4, 900.0), point(3, 100.0)
-    sizing = Sizing("moeless", Slo(1.0), None, [overloaded, fast_but_partial, slow], 50.0)
-    assert sizing.best_latency() is slow  # finishing none reports a p99 of 0: no latency at all
+    overloaded, slow, fast_but_partial = point(0, None), point(4, 900.0), point(3, 100.0)
+    sizing = Sizing("moeless", Slo(1.0), None, (overloaded, fast_but_partial, slow), 50.0, False, None, None)
+    assert sizing.best_latency() is slow  # finishing none measures no latency at all
     with pytest.raises(SloUnreachable, match="best reached is p99 TPOT 900.0 ms"):
         raise SloUnreachable(sizing)
 

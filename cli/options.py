@@ -22,8 +22,7 @@ model_option = click.option(
     "--model",
     "model_spec",
     metavar="NAME|CONFIG",
-    help="The model's shape: a preset (mixtral-8x7b, gpt-oss-120b, deepseek-v3...), a Hugging Face id "
-    "of one, or a config.json [default: the model the loads name].",
+    help="A preset (deepseek-v3...), its HF id, or a config.json [the loads' model].",
 )
 
 
@@ -50,81 +49,75 @@ traffic_options = option_group(
         "--arrivals",
         "arrivals_path",
         type=click.Path(exists=True, dir_okay=False, path_type=Path),
-        help="Replay a recorded trace: CSV of timestamp_s,input_tokens,output_tokens "
-        "(each request keeps its lengths).",
+        help="Trace CSV: timestamp_s, input/output tokens.",
     ),
     click.option(
         "--arrival",
         default="poisson:2",
-        show_default=True,
-        help="Without --arrivals: poisson:RATE, bursty:RATE:PEAK:PERIOD (requests per second) "
-        "or timestamps:FILE.",
+        metavar="SPEC",
+        help="Else poisson:R, bursty:R:PEAK:PERIOD, timestamps:FILE.",
     ),
     click.option(
         "--rate",
         type=click.FloatRange(0, min_open=True),
-        help="With --arrivals: rescale the timestamps to this mean rate (requests/s), keeping the "
-        "burst shape.",
-    ),
-    click.option("--duration", type=click.FloatRange(0, min_open=True), default=60.0, show_default=True),
-    click.option(
-        "--prompt-tokens",
-        type=click.IntRange(1),
-        default=128,
-        show_default=True,
-        help="With --loads and no --arrivals.",
+        metavar="R",
+        help="Rescale --arrivals to R requests/s.",
     ),
     click.option(
-        "--output-tokens",
-        type=click.IntRange(1),
-        default=64,
-        show_default=True,
-        help="With --loads and no --arrivals.",
+        "--duration",
+        type=click.FloatRange(0, min_open=True),
+        default=60.0,
+        metavar="S",
+        help="Window, s [60].",
     ),
-    click.option("--seed", type=int, default=0, show_default=True),
+    click.option(
+        "--prompt-tokens", type=click.IntRange(1), default=128, metavar="N", help="Without --arrivals [128]."
+    ),
+    click.option(
+        "--output-tokens", type=click.IntRange(1), default=64, metavar="N", help="Without --arrivals [64]."
+    ),
+    click.option("--seed", type=int, default=0, metavar="N", help="Random seed [0]."),
     click.option(
         "--resample-experts",
         is_flag=True,
-        help="Loads recorded on a model with another expert count: carry each layer's skew onto "
-        "the model's experts.",
+        help="Carry the loads' skew onto the model's expert count.",
     ),
 )
 
 # the hardware and serving settings a simulation runs on
 deployment_options = option_group(
     click.option(
-        "--max-batch", type=click.IntRange(1), default=16, show_default=True, help="Sequences per step."
+        "--max-batch", type=click.IntRange(1), default=16, metavar="N", help="Sequences per step [16]."
     ),
     click.option(
         "--prefill-chunk",
         type=click.IntRange(1),
-        help="Chunked prefill: prompt tokens an engine step computes, shared by its new sequences "
-        "(bounds the stall a long prompt puts on the decoding batch). Default: each prompt whole.",
+        metavar="N",
+        help="Prompt tokens per step [whole prompts].",
     ),
     click.option(
         "--context-tokens",
         type=click.IntRange(1),
         default=8192,
-        show_default=True,
-        help="KV cache each batched sequence is sized for (the fleet and the backbone must hold it).",
+        metavar="N",
+        help="KV cache per sequence [8192 tokens].",
     ),
     click.option(
         "--expert-dtype",
         type=click.Choice(["fp32", "fp16", "int8"]),
         default="fp32",
-        show_default=True,
-        help="The functions' experts: sets their bytes, CPU time and cold start.",
+        help="The functions' experts [fp32].",
     ),
     click.option(
         "--gpu-dtype",
         default="native",
-        show_default=True,
-        help="Weights on the GPUs: native (the published checkpoint's), bf16, fp16, fp8, int8.",
+        metavar="DTYPE",
+        help="GPU weights: native, bf16, fp16, fp8, int8.",
     ),
     click.option(
         "--instances",
         "instances_path",
         type=click.Path(exists=True, dir_okay=False, path_type=Path),
-        help="Your own GPU instance catalogue (JSON) instead of the built-in on-demand prices.",
+        help="Your GPU instance catalogue (JSON).",
     ),
 )

@@ -4,13 +4,15 @@ p99 TPOT per policy, with the serverful fleet as one point (``moeless plan ... -
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from moeless.simulation.sizing import FrontierPoint, Sizing
+from moeless.sizing.choice import Sizing
+from moeless.sizing.family import FrontierPoint
 
 
-def pareto(points: list[FrontierPoint]) -> list[FrontierPoint]:
+def pareto(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
     """The points no other beats on both cost and p99 TPOT, fastest first, among those that
     completed every request (a run that left requests unfinished has no p99 to speak of: its
     latency covers only the requests it finished)."""
@@ -43,8 +45,8 @@ def frontier_rows(sizings: list[Sizing], fleet: dict[str, Any] | None) -> list[d
                 "usd_per_cold_start": "",
                 "provisioned": "",
                 "usd_per_1k_requests": fleet["usd_per_1k_requests"],
-                "tpot_ms_p99": fleet["tpot_ms_p99"],
-                "ttft_ms_p99": fleet["ttft_ms_p99"],
+                "tpot_ms_p99": "" if fleet["tpot_ms_p99"] is None else fleet["tpot_ms_p99"],
+                "ttft_ms_p99": "" if fleet["ttft_ms_p99"] is None else fleet["ttft_ms_p99"],
                 "cold_start_share": 0.0,
                 "completed": fleet["completed"],
                 "requests": fleet["requests"],
@@ -91,7 +93,7 @@ def write_frontier(
             color=shown[0].get_color(),
             label=f"{sizing.policy}: frontier (none both cheaper and faster)",
         )
-        over = [p for p in points if not sizing.slo.stall_met(p.stall_tpot_ms)]
+        over = [p for p in points if sizing.stall_bound and (p.stall_tpot_ms or 0.0) > sizing.slo.tpot_ms]
         if over:  # simulated for what the bound costs, never chosen
             axes.plot(
                 [p.summary["tpot_ms_p99"] for p in over],
@@ -101,7 +103,7 @@ def write_frontier(
             )
         if sizing.chosen is not None:
             axes.plot(sizing.chosen.summary["tpot_ms_p99"], sizing.chosen.usd_per_1k, "k*", markersize=14)
-    if fleet is not None:
+    if fleet is not None and fleet["tpot_ms_p99"] is not None:
         axes.plot(fleet["tpot_ms_p99"], fleet["usd_per_1k_requests"], "s", label="serverful fleet (static)")
     axes.axvline(slo_tpot_ms, color="grey", linestyle="--", label=f"SLO: p99 TPOT {slo_tpot_ms:g} ms")
     axes.set_xscale("log")

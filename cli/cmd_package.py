@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from moeless.cli.options import echo_step, quiet_option
+from cli.options import echo_step, quiet_option
 
 if TYPE_CHECKING:
     from moeless.model.packaging import PackageReport

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from moeless.cli.options import echo_step, quiet_option
+from cli.options import echo_step, quiet_option
 from moeless.model.tiny import TINY_ARCHS, TinySpec
 
 

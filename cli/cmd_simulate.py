@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import click
 
-from moeless.cli.options import deployment_options, model_option, traffic_options
+from cli.options import deployment_options, model_option, traffic_options
 
 
 @click.command()

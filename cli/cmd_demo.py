@@ -19,9 +19,9 @@ from pathlib import Path
 
 import click
 
+from cli.options import echo_step, quiet_option
+from cli.running import expert_task_root
 from moeless.checkout import SHARED_DATA
-from moeless.cli.options import echo_step, quiet_option
-from moeless.cli.running import expert_task_root
 from moeless.demo.steps import PLAN_POLICIES, SIMULATED_S, SLO_FLOOR_FACTOR, SLO_TTFT_MS
 
 SHARED_PROMPTS = SHARED_DATA / "prompts" / "dev.jsonl"

@@ -1,0 +1,129 @@
+"""How long `moeless plan --slo-tpot-ms` takes, against a baseline commit, measured in one run.
+
+    .venv/bin/python benchmarks/plan_speed.py                       # both cases, baseline 1e57f72
+    .venv/bin/python benchmarks/plan_speed.py --cases deepseek --baseline none
+
+Each case runs as a user runs it (the `moeless` command in a subprocess, wall-clock), with this
+checkout's code and with the baseline's (a `git worktree` of that commit, its code on PYTHONPATH,
+the same venv), on the same data; the chosen plans' figures are compared. Needs ../shared/data.
+Writes benchmarks/results/plan_speed.md.
+
+Cases:
+* ``deepseek``: DeepSeek-V3 (routing skew from OLMoE's c4 loads), 1,200 s of the Azure 2023
+  conversation trace at 0.05 requests/s, chunks of 256, p99 TPOT <= 2,400 ms.
+* ``gptoss``: gpt-oss-20b (its own recorded loads), long prompts: Poisson arrivals at 0.5
+  requests/s for 120 s, 12,000-token prompts and 200-token answers, p99 TPOT <= 3,000 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from benchmarks.common import REPO, SHARED
+
+BASELINE = "1e57f72"  # the last commit before the sizing package (issue 37)
+CASES = {
+    "deepseek": [
+        "--policy", "moeless", "--slo-tpot-ms", "2400", "--loads", "{shared}/routing/olmoe_c4.json",
+        "--model", "deepseek-v3", "--resample-experts", "--arrivals", "{shared}/arrivals/azure2023_conv.csv",
+        "--rate", "0.05", "--duration", "1200", "--prefill-chunk", "256",
+    ],
+    "gptoss": [
+        "--policy", "moeless", "--slo-tpot-ms", "3000",
+        "--loads", "{shared}/routing/gptoss20b_decode.loads.json", "--model", "gpt-oss-20b",
+        "--arrival", "poisson:0.5", "--duration", "120", "--prompt-tokens", "12000", "--output-tokens", "200",
+        "--prefill-chunk", "256",
+    ],
+}  # fmt: skip
+
+
+def run_plan(args: list[str], out: Path, pythonpath: Path | None) -> dict[str, object]:
+    """One `moeless plan`: its wall time, exit code, last lines and the plan's figures."""
+    env = dict(os.environ)
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    command = [sys.executable, "-c", "import sys; from cli.main import cli; sys.exit(cli())"]
+    if pythonpath is not None:  # the baseline's CLI lived in the engine
+        command = [sys.executable, "-c", "import sys; from moeless.cli.main import cli; sys.exit(cli())"]
+    start = time.perf_counter()
+    done = subprocess.run([*command, "plan", *args, "-o", str(out)], env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - start
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    figures = {}
+    if out.is_file():
+        sizing = json.loads(out.read_text())["params"]["sizing"]
+        figures = {key: sizing[key] for key in ("memory_mb", "replica_scale", "packing", "every_level")}
+        figures |= {k: sizing["planned"][k] for k in ("usd_per_1k_requests", "tpot_ms_p99", "cold_starts")}
+    return {"seconds": seconds, "exit": done.returncode, "said": lines[-1] if lines else done.stderr[-300:],
+            "figures": figures}  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--cases", default=",".join(CASES))
+    parser.add_argument("--baseline", default=BASELINE, help="commit to compare with, or none")
+    args = parser.parse_args()
+    if not SHARED.is_dir():
+        sys.exit(f"needs {SHARED} (the project's shared data)")
+    rows = []
+    with tempfile.TemporaryDirectory() as scratch:
+        base_tree = None
+        if args.baseline != "none":
+            base_tree = Path(scratch) / "baseline"
+            add = ["git", "-C", str(REPO), "worktree", "add", "--detach", str(base_tree), args.baseline]
+            subprocess.run(add, check=True, capture_output=True)
+        try:
+            for name in args.cases.split(","):
+                case = [a.format(shared=SHARED) for a in CASES[name]]
+                print(f"{name}: this checkout ...", flush=True)
+                now = run_plan(case, Path(scratch) / f"{name}.json", None)
+                then = None
+                if base_tree is not None:
+                    print(f"{name}: baseline {args.baseline} ...", flush=True)
+                    then = run_plan(case, Path(scratch) / f"{name}.base.json", base_tree)
+                rows.append((name, now, then))
+        finally:
+            if base_tree is not None:
+                subprocess.run(
+                    ["git", "-C", str(REPO), "worktree", "remove", "--force", str(base_tree)], check=False
+                )
+    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()  # fmt: skip
+    lines = [
+        "# plan_speed: how long `moeless plan --slo-tpot-ms` takes",
+        "",
+        f"`.venv/bin/python benchmarks/plan_speed.py --cases {args.cases} --baseline {args.baseline}`; "
+        f"commit {commit} (uncommitted changes included), {datetime.now(UTC):%Y-%m-%d}, "
+        f"{platform.machine()} with {os.cpu_count()} cores.",
+        "",
+        "| case | this checkout, s | baseline, s | speed-up | same plan | this checkout says |",
+        "|---|---:|---:|---:|---|---|",
+    ]
+    for name, now, then in rows:
+        base_s = f"{then['seconds']:.0f}" if then else "-"
+        ratio = f"{then['seconds'] / now['seconds']:.2f}x" if then else "-"
+        same = (
+            "-"
+            if then is None
+            else ("yes" if then["figures"] == now["figures"] else f"no: {then['figures']}")
+        )
+        lines.append(f"| {name} | {now['seconds']:.0f} | {base_s} | {ratio} | {same} | {now['said']} |")
+        lines.append(f"| | figures: {now['figures']} | | | | |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    out = REPO / "benchmarks" / "results" / "plan_speed.md"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

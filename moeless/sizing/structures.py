@@ -1,0 +1,163 @@
+"""The candidates' structures: packing, grouping, memory, replicas, dtype and prefill chunk.
+
+Each structure is one plan of the policy with nothing warm yet; its family of warmth levels is
+sized on it (:mod:`moeless.sizing.family`). The dtypes and chunks searched are the deployment's
+unless the search space allows more.
+"""
+
+from __future__ import annotations
+
+import functools
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from moeless.contracts.loads import Loads, shares
+from moeless.contracts.payload import max_tokens_per_request
+from moeless.contracts.plan import Plan
+from moeless.planning.concurrency import levels_in_reach, with_concurrency, with_memory, with_replicas
+from moeless.planning.cost_model import EXPERT_DTYPES, MEMORY_OPTIONS_MB
+from moeless.planning.packing import pack_across_layers, pack_within_layer
+from moeless.simulation.policies import Deployment, plan_for_policy
+from moeless.simulation.routing import RecordedRouting, StepRouting
+from moeless.sizing.settings import SearchSpace
+
+
+@dataclass(frozen=True)
+class Structure:
+    """One candidate: the deployment variant (dtype, chunk) and the plan's packing, grouping,
+    memory and replicas, nothing warm yet; ``stall_tpot_ms`` is its stall probe
+    (:func:`~moeless.sizing.stall.stall_tpot_ms`), set once probed."""
+
+    variant: Deployment
+    plan: Plan
+    memory_mb: int
+    replica_scale: int
+    packing: int
+    group: int
+    stall_tpot_ms: float | None = None
+
+    @property
+    def key(self) -> tuple[object, ...]:
+        """What identifies it among the candidates."""
+        return (
+            self.memory_mb,
+            self.replica_scale,
+            self.packing,
+            self.group,
+            self.variant.expert_dtype,
+            self.variant.prefill_chunk,
+        )
+
+    def reach(self) -> dict[str, int]:
+        """Each function's levels in reach on this structure's deployment (:func:`reach_of`)."""
+        return reach_of(self.plan, self.variant)
+
+
+def variants(deployment: Deployment, search: SearchSpace) -> dict[tuple[str, int | None], Deployment]:
+    """The deployment in every expert dtype and prefill chunk the search allows, by (dtype, chunk)."""
+    dtypes = dict.fromkeys([deployment.expert_dtype, *search.expert_dtypes])
+    chunks = dict.fromkeys([deployment.prefill_chunk, *search.prefill_chunks])
+    return {
+        (dtype, chunk): replace(deployment, expert_dtype=dtype, prefill_chunk=chunk)
+        for dtype in dtypes
+        for chunk in chunks
+    }
+
+
+def structures(
+    policy: str, deployment: Deployment, routing: StepRouting, search: SearchSpace
+) -> Iterator[Structure]:
+    """Every candidate structure of ``policy`` the search space holds (a packing that needs more
+    memory than a size offers is sized up, once)."""
+    loads = routing.loads()
+    together = coactivation(routing, loads)
+    for variant in variants(deployment, search).values():
+        base = with_concurrency(plan_for_policy(policy, loads, variant), {})
+        memory_for = functools.partial(memory_for_experts, variant)
+        packed_by = {(n, 1): pack_across_layers(base, n, together, memory_for) for n in search.packings} | {
+            (1, g): pack_within_layer(
+                base, g, lambda layer: together(layer, layer), lambda layer: loads.layers[layer], memory_for
+            )
+            for g in search.groups
+            if g > 1
+        }
+        memories = list(search.memory_mb) or default_memory_options(variant)
+        seen = set()
+        for (per_function, group), memory_option, scale in itertools.product(
+            packed_by, memories, search.replica_scales
+        ):
+            packed = packed_by[(per_function, group)]
+            memory = max(memory_option, max((f.memory_mb for f in packed.functions), default=memory_option))
+            if (per_function, group, memory, scale) in seen:
+                continue
+            seen.add((per_function, group, memory, scale))
+            plan = with_replicas(with_memory(packed, memory), scale)
+            yield Structure(variant, plan, memory, scale, per_function, group)
+
+
+def lambda_floor_ms(deployment: Deployment, memory_mb: int) -> float:
+    """TPOT's floor on Lambda: every MoE layer pays one warm invoke of one token and its expert."""
+    model, size = deployment.model, deployment.expert_size()
+    speedup = EXPERT_DTYPES[deployment.expert_dtype].compute_speedup
+    expert = model.expert_ms(1, size.hidden, size.intermediate, model.vcpus(memory_mb), size.weight_bytes)
+    return len(deployment.shape.moe_layers) * (model.invoke_ms(1, size.hidden) + expert / speedup)
+
+
+def floor_ms(deployment: Deployment, search: SearchSpace) -> float:
+    """The lowest Lambda floor of TPOT over the variants and memory sizes searched."""
+    return min(
+        lambda_floor_ms(variant, memory)
+        for variant in variants(deployment, search).values()
+        for memory in (list(search.memory_mb) or default_memory_options(variant))
+    )
+
+
+def memory_for_experts(deployment: Deployment, experts: int) -> int:
+    """The smallest Lambda memory size that holds ``experts`` of the deployment's experts."""
+    return deployment.model.function_memory_mb(deployment.expert_size().weight_bytes * experts)
+
+
+def default_memory_options(deployment: Deployment) -> list[int]:
+    """The smallest full-vCPU size that holds one expert, and the next one up."""
+    smallest = deployment.model.function_memory_mb(deployment.expert_size().weight_bytes)
+    index = MEMORY_OPTIONS_MB.index(smallest)
+    return list(MEMORY_OPTIONS_MB[index : index + 2])
+
+
+def reach_of(plan: Plan, deployment: Deployment) -> dict[str, int]:
+    """Each function's levels in reach (:func:`levels_in_reach`) on ``deployment``: a step carries
+    at most a chunk (whole prompts: one as long as the deployment admits) beside a full decode
+    batch, on each of the backbone's step loops."""
+    rows = (deployment.prefill_chunk or deployment.context_tokens) + deployment.max_batch
+    loops = deployment.hardware(serverful=False).loops
+    return levels_in_reach(plan, rows, max_tokens_per_request(deployment.expert_size().hidden), loops)
+
+
+def coactivation(routing: StepRouting, loads: Loads) -> Callable[[int, int], np.ndarray]:
+    """Co-activation of layer ``a``'s experts with layer ``b``'s, ``[E, E]``: a recorded routing's
+    decode tokens that chose e at ``a`` and e' at ``b`` (at one layer, ``a == b``: two different
+    picks of one token), else the product of their shares in ``loads``."""
+    index = {layer: i for i, layer in enumerate(routing.layers)}
+    if not isinstance(routing, RecordedRouting):
+
+        def sampled(a: int, b: int) -> np.ndarray:
+            return np.outer(shares(loads.layers[a]), shares(loads.layers[b]))
+
+        return sampled
+    rows = [r for r in routing.decode_rows if len(r)]
+    chosen = routing.chosen
+
+    @functools.cache  # the same layer pairs come back for every dtype allowed
+    def recorded(a: int, b: int) -> np.ndarray:
+        counts = np.zeros((routing.num_experts, routing.num_experts))
+        for r in rows:
+            first, second = r[:, chosen[index[a]]], r[:, chosen[index[b]]]
+            for i, j in itertools.product(range(first.shape[1]), range(second.shape[1])):
+                if a != b or i != j:
+                    np.add.at(counts, (first[:, i], second[:, j]), 1.0)
+        return counts
+
+    return recorded
