@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import click
 
 from cli.options import deployment_options, model_option, traffic_options
 from moeless.contracts.environment import ALIAS
 from moeless.contracts.plan import Placement, Policy
-
-if TYPE_CHECKING:
-    from moeless.sizing import FrontierPoint, Sizing
 
 # Which options apply to which way of planning: ``sized`` (with --slo-tpot-ms: the optimiser, the
 # simulator judging) or ``analytic`` (without: the policy's planner and the cost model). Options
@@ -269,6 +266,7 @@ def _sized(params: dict[str, Any]) -> None:
     from moeless.simulation.policies import simulate_policy
     from moeless.simulation.report import ms
     from moeless.sizing import DEFAULT_SEARCH, Slo, SloUnreachable, load_search, size_for_slo
+    from moeless.sizing.report import stall_lines, warmth
 
     policy, output, frontier = params["policy"], params["output"], params["frontier"]
     search = load_search(params["search_path"]) if params["search_path"] else DEFAULT_SEARCH
@@ -334,9 +332,9 @@ def _sized(params: dict[str, Any]) -> None:
         f"{chosen.expert_dtype} experts, replicas x{chosen.replica_scale}, "
         f"{chosen.packing} layers' experts per function, {chosen.group} per layer, "
         f"{chosen.provisioned} provisioned environments, {chosen.keep_warm} kept warm by pings "
-        f"({_warmth(chosen, own.premium_paid, search.every_level_premium)})"
+        f"({warmth(chosen, own.premium_paid, search.every_level_premium)})"
     )
-    for line in _stall_lines(own):
+    for line in stall_lines(own):
         click.echo(line)
     click.echo(
         f"  simulated after a quiet (nothing warm but what the plan keeps warm): "
@@ -349,49 +347,6 @@ def _sized(params: dict[str, Any]) -> None:
         f"  simulated {own.simulated} plans beside the probes; {own.skipped} more skipped, their cost "
         "bound above what could be chosen"
     )
-
-
-def _warmth(chosen: FrontierPoint, paid: float | None, premium: float | None) -> str:
-    """How the chosen point's warmth was decided, as ``plan`` states it (``paid``: what keeping
-    every level warm cost over its structure's cheapest plan)."""
-    if chosen.every_level and paid is not None:
-        return (
-            f"every level a step can use, for {paid:.3f}x the cheapest plan of its structure: "
-            f"every_level_premium {premium:g}"
-        )
-    if chosen.every_level:
-        return "every level a step can use"
-    if chosen.uniform_level is not None:
-        return f"every function warm to level {chosen.uniform_level}"
-    return f"cold start priced at ${chosen.usd_per_cold_start:g}"
-
-
-def _stall_lines(sizing: Sizing) -> list[str]:
-    """What the stall probe says of the chosen structure: under the bound, what the planning
-    traffic alone would have taken instead; without it, a warning where it is over the SLO."""
-    chosen = sizing.chosen
-    if chosen is None or chosen.stall_tpot_ms is None:
-        return []
-    stall_ms = chosen.stall_tpot_ms
-    line = f"p99 TPOT {stall_ms:.1f} ms decoding beside a prefill, every environment warm"
-    if sizing.stall_bound:
-        alone = sizing.unbounded
-        if alone is None or alone.plan is chosen.plan or alone.structure.key == chosen.structure.key:
-            return [f"  stall bound: {line} (the planning traffic alone asks for the same structure)"]
-        return [
-            f"  stall bound: {line}",
-            f'  without it ("stall_bound": false in --search): replicas x{alone.replica_scale}, '
-            f"{alone.memory_mb} MB, {alone.packing} layers' experts per function, ${alone.usd_per_1k:.2f} "
-            f"per 1k requests on this traffic, decoding at {alone.stall_tpot_ms:.1f} ms beside a prefill; "
-            f"the bound costs {chosen.usd_per_1k / alone.usd_per_1k:.2f}x here",
-        ]
-    if stall_ms <= sizing.slo.tpot_ms:
-        return [f"  stall probe: {line}, within the SLO"]
-    return [
-        f"  warning: stall probe {line}, over the SLO: traffic whose prompts overlap decoding more "
-        "than this traffic's will miss it whatever is kept warm; the stall bound (the default; "
-        '"stall_bound": true) sizes replicas for it'
-    ]
 
 
 @click.command("apply-plan")

@@ -52,12 +52,13 @@ from cli.options import deployment_options, model_option, traffic_options
     "`eval-routing --json` result instead of the built-in one. Repeatable.",
 )
 @click.option(
-    "--replan",
+    "--replan-interval",
     "replan_s",
     type=click.FloatRange(0),
     default=0.0,
     show_default=True,
-    help="Serverless policies re-plan from each window of this many seconds (0: never).",
+    help="Re-plan every this many seconds (0: never), as `serve --replan-interval` does: a plan "
+    "that carries the forecasting re-planner runs it; the others re-plan from each window's loads.",
 )
 @click.option("--no-plots", is_flag=True, help="Skip the plots (faster on whole models).")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path))

@@ -49,13 +49,17 @@ class LevelDemand:
     cold_starts: list[float] = field(default_factory=list)
 
     def add(self, level: int, busy_s: float, cold: bool) -> None:
-        while len(self.invokes) < level:
-            self.invokes.append(0)
-            self.busy_s.append(0.0)
-            self.cold_starts.append(0)
-        self.invokes[level - 1] += 1
-        self.busy_s[level - 1] += busy_s
-        self.cold_starts[level - 1] += int(cold)
+        invokes = self.invokes
+        if len(invokes) < level:  # (the simulator calls this once per invoke: kept lean)
+            missing = level - len(invokes)
+            invokes += [0] * missing
+            self.busy_s += [0.0] * missing
+            self.cold_starts += [0] * missing
+        index = level - 1
+        invokes[index] += 1
+        self.busy_s[index] += busy_s
+        if cold:
+            self.cold_starts[index] += 1
 
     @property
     def peak(self) -> int:
@@ -201,10 +205,17 @@ class LevelClock:
 
     def touch(self, function: str, level: int, now: float) -> bool:
         """Record an invoke at ``level``; returns whether that level was idle past the timeout."""
-        last = self._last.setdefault(function, [])
-        idle = level > len(last) or now - last[level - 1] > self.idle_timeout_s
-        last.extend([now] * (level - len(last)))
-        last[:level] = [now] * level
+        last = self._last.get(function)
+        if last is None:
+            last = self._last[function] = []
+        known = len(last)
+        idle = level > known or now - last[level - 1] > self.idle_timeout_s
+        if level > known:
+            last += [now] * (level - known)
+        if level == 1:
+            last[0] = now
+        else:
+            last[:level] = [now] * level
         return idle
 
     def in_use(self, function: str, now: float) -> int:

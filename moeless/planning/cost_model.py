@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from moeless.aws_prices import PRICES, LambdaPrices, billed_ms, gb_seconds, vcpus_for_memory
+from moeless.aws_prices import MB_PER_GB, PRICES, LambdaPrices, vcpus_for_memory
 from moeless.errors import PlanError
 from moeless.planning.instances import CATALOGUE, Instance
 
@@ -174,8 +174,10 @@ class CostModel:
     def duration_usd(self, duration_ms: float, memory_mb: int, provisioned: bool = False) -> float:
         """Lambda's duration charge of one invoke (or init): rounded up to the billing step, at the
         on-demand or, on a provisioned environment, the provisioned duration price."""
-        rate = self.prices.provisioned_duration_per_gb_second if provisioned else self.prices.per_gb_second
-        return gb_seconds(billed_ms(duration_ms), memory_mb) * rate
+        prices = self.prices
+        rate = prices.provisioned_duration_per_gb_second if provisioned else prices.per_gb_second
+        step = prices.duration_step_ms  # billed_ms and gb_seconds, inline: the simulator bills each invoke
+        return math.ceil(duration_ms / step) * step / 1e3 * memory_mb / MB_PER_GB * rate
 
     def provisioned_usd_per_s(self, memory_mb: int, concurrency: int) -> float:
         return concurrency * memory_mb / 1024 * self.prices.provisioned_per_gb_second

@@ -32,7 +32,7 @@ from moeless.planning.instances import CATALOGUE, Fleet, Instance, cheapest_flee
 from moeless.simulation.arrivals import Arrivals
 from moeless.simulation.roofline import Hardware, Roofline
 from moeless.simulation.routing import RecordedRouting, StepRouting
-from moeless.simulation.simulator import GpuModel, PolicyResult, PrewarmModel, Request, Simulator
+from moeless.simulation.simulator import GiveUp, GpuModel, PolicyResult, PrewarmModel, Request, Simulator
 
 POLICIES = ("static", "moeless", "remoe", "oracle")
 
@@ -246,6 +246,8 @@ def simulate_policy(
     timeline: bool = True,
     plan: Plan | None = None,
     warm_up: bool = False,
+    give_up: GiveUp | None = None,
+    record_demand: bool = True,
 ) -> PolicyResult:
     """Plan ``name`` for the routing's loads (or take ``plan`` as it is) and replay the requests
     through it.
@@ -253,8 +255,9 @@ def simulate_policy(
     With ``replan_s`` the serverless policies re-plan from the loads of each window of that length;
     with ``predictors`` moeless and remoe pre-warm what their predictor foresees (``prewarm``, a
     policy -> model map measured by ``predict eval``; ``PREDICTORS`` where it names none); with
-    ``warm_up`` the deployment's warm-up pass runs before the first request. A given plan that asks
-    for the forecasting re-planner (``params["replan"]``) runs with it.
+    ``warm_up`` the deployment's warm-up pass runs before the first request; with ``give_up`` the run
+    stops once it certainly misses those bounds. A given plan that asks for the forecasting
+    re-planner (``params["replan"]``) runs with it.
     """
     reprovision = None
     if plan is None:
@@ -287,7 +290,8 @@ def simulate_policy(
         seed=seed,
         timeline=timeline,
         warm_up=warm_up,
-    ).run(replay, duration_s, progress)
+        record_demand=record_demand,
+    ).run(replay, duration_s, progress, give_up=give_up)
     result.policy = name
     return result
 

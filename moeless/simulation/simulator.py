@@ -41,7 +41,7 @@ from __future__ import annotations
 import heapq
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -114,6 +114,26 @@ class PrewarmModel:
         raise ValueError(f"unknown predictor method {method!r} in the evaluation")
 
 
+@dataclass(frozen=True)
+class GiveUp:
+    """Stop a run once it certainly misses a p99 bound on TPOT (and TTFT), in ms.
+
+    A request's TPOT is at least what it has taken per token so far (its last token is still to
+    come), and its TTFT at least how long it has waited; once more requests are over a bound than
+    a p99 tolerates, the run cannot meet it whatever follows. numpy's p99 of n values
+    interpolates above the one at rank floor(0.99 (n - 1)), so it exceeds the bound once
+    ``n - rank`` values do; one more is asked for against rounding.
+    """
+
+    tpot_ms: float
+    ttft_ms: float | None = None
+
+    @staticmethod
+    def over_p99(values: int) -> int:
+        """How many of ``values`` over a bound put their p99 over it."""
+        return values - math.floor(0.99 * max(values - 1, 0)) + 1
+
+
 @dataclass
 class PolicyResult:
     """What one policy cost and how it served."""
@@ -150,6 +170,8 @@ class PolicyResult:
     # what each function saw, by concurrency level (level j: the invoke found j - 1 of the
     # function's environments busy): what the replica optimiser sizes provisioned concurrency from
     demand: dict[str, LevelDemand] = field(default_factory=dict)
+    # the run stopped once it certainly missed its bounds (:class:`GiveUp`): figures are partial
+    gave_up: bool = False
 
     def summary(self) -> dict[str, Any]:
         """The run's figures; a percentile over no values (nothing completed, or no request
@@ -181,6 +203,7 @@ class PolicyResult:
             "replans": self.replans,
             "prewarms": self.prewarms,
             "one_off_usd": self.one_off_usd,
+            "gave_up": self.gave_up,
             "fleet": self.fleet,
             "backbone": self.backbone,
             "usd_per_1k_by_component": {k: 1000 * v / served for k, v in self.usd.items()},
@@ -219,6 +242,78 @@ class _Step:
     tokens: int
 
 
+def _any_idle(free_at: list[float], now: float) -> bool:
+    """Whether any of these instances is free at ``now``."""
+    for t in free_at:  # noqa: SIM110 (a loop: any() over a generator costs more, once per invoke)
+        if t <= now:
+            return True
+    return False
+
+
+class _Judge:
+    """Counts the requests certainly over a :class:`GiveUp`'s bounds as a run goes, and whether
+    the prompts still to prefill can no longer be done by the horizon (every request must
+    complete): at most ``chunk`` prompt tokens per step on each of ``loops`` step loops, each step
+    at least ``step_floor_s`` (0: not known, not judged)."""
+
+    def __init__(
+        self,
+        give_up: GiveUp,
+        requests: list[Request],
+        chunk: int | None = None,
+        loops: int = 1,
+        step_floor_s: float = 0.0,
+        horizon_s: float = math.inf,
+    ) -> None:
+        self.give_up = give_up
+        self.over_tpot: set[int] = set()
+        self.over_ttft: set[int] = set()
+        decoding = sum(r.output_tokens > 1 for r in requests)
+        self.tpot_needed = GiveUp.over_p99(decoding) if decoding else math.inf
+        self.ttft_needed = GiveUp.over_p99(len(requests))
+        self.prompt_left = sum(r.prompt_tokens for r in requests)
+        self.prefill_s_per_token = step_floor_s / (chunk * loops) if chunk else 0.0
+        self.horizon_s = horizon_s
+        self.late = False
+
+    def step(
+        self,
+        now: float,
+        stepped: list[_Sequence],
+        active: list[_Sequence],
+        waiting: deque[int],
+        requests: list[Request],
+        finished_at: list[float],
+    ) -> None:
+        """After a step that ended at ``now``: its sequences' TPOT so far (a finished one's is
+        final), and with a TTFT bound every request still without its first token."""
+        bound = self.give_up.tpot_ms
+        for sequence in stepped:
+            request = requests[sequence.index]
+            if request.output_tokens > 1 and sequence.index not in self.over_tpot:
+                end = finished_at[sequence.index]
+                taken = (now if math.isnan(end) else end) - sequence.first_token_s
+                if taken * 1e3 / (request.output_tokens - 1) > bound:
+                    self.over_tpot.add(sequence.index)
+        ttft = self.give_up.ttft_ms
+        if ttft is not None:
+            for sequence in stepped:  # a first token just now: its TTFT is final
+                first_ms = (sequence.first_token_s - requests[sequence.index].arrival_s) * 1e3
+                if sequence.generated == 1 and first_ms > ttft:
+                    self.over_ttft.add(sequence.index)
+            for index in [s.index for s in active if s.generated == 0] + list(waiting):
+                if (now - requests[index].arrival_s) * 1e3 > ttft:
+                    self.over_ttft.add(index)
+
+    def prefilled(self, now: float, tokens: int) -> None:
+        """A step that ended at ``now`` computed ``tokens`` prompt tokens."""
+        self.prompt_left -= tokens
+        self.late = now + self.prompt_left * self.prefill_s_per_token > self.horizon_s
+
+    def missed(self) -> bool:
+        return self.late or len(self.over_tpot) >= self.tpot_needed or len(self.over_ttft) >= self.ttft_needed
+
+
 class Simulator:
     """Replays requests through one policy's plan on the whole model.
 
@@ -250,6 +345,8 @@ class Simulator:
             (:data:`KEEP_WARM_PING_S`, under the idle timeout), so they never idle out; each ping
             is billed as one request of one token, and the pinged environments start at time 0
             (their inits billed).
+        record_demand: keep what each function saw by level (``PolicyResult.demand``); a run that
+            only needs its summary skips it (the forecasting re-planner always keeps it).
     """
 
     def __init__(
@@ -275,6 +372,7 @@ class Simulator:
         timeline: bool = True,
         warm_up: bool = False,
         ping_s: float = KEEP_WARM_PING_S,
+        record_demand: bool = True,
     ) -> None:
         self.plan = plan
         self.routing = routing
@@ -308,9 +406,11 @@ class Simulator:
         self._window_demand: dict[str, LevelDemand] = {}
         self._levels = LevelClock(idle_timeout_s)
         self._piece_ms: dict[tuple[int, int], tuple[float, float]] = {}  # (memory, rows) -> times
+        self._per_request = model.prices.per_request
         self._apply(plan, 0.0, ready_now=True)
         self.warm_up = warm_up and not serverful and not oracle
         self.ping_s = ping_s
+        self.record_demand = record_demand or reprovision is not None
 
     # -- plans ------------------------------------------------------------------------------------
 
@@ -354,6 +454,20 @@ class Simulator:
         for (layer, expert), placed in self.placement.items():
             resident = placed.placement == Placement.BACKBONE
             self._routes.setdefault(layer, {})[expert] = None if resident else self.targets[(layer, expert)]
+        # layers where no function serves two experts, and each expert's replicas are on one
+        # function or each on its own: there every piece is an invoke of its own (no bundling)
+        self._unbundled_layers = set()
+        for layer, routes in self._routes.items():
+            owner: dict[str, int] = {}
+            unbundled = True
+            for expert, targets in routes.items():
+                if targets is None:
+                    continue
+                distinct = set(targets)
+                unbundled &= len(distinct) in (1, len(targets))
+                unbundled &= all(owner.setdefault(name, expert) == expert for name in distinct)
+            if unbundled:
+                self._unbundled_layers.add(layer)
         self.replans += 1
 
     # -- the run ----------------------------------------------------------------------------------
@@ -364,12 +478,14 @@ class Simulator:
         duration_s: float,
         progress: bool = False,
         horizon_s: float | None = None,
+        give_up: GiveUp | None = None,
     ) -> PolicyResult:
         """Serve ``requests``; the span billed is ``duration_s`` or until the last request finishes,
         whichever is later. An overloaded policy whose queue would take longer than ``horizon_s``
         (default: 3 x the duration, at least 10 minutes more) to drain stops there: the requests
         it had not finished count as not completed (``completed < requests``), and its cost is per
-        completed request."""
+        completed request. With ``give_up`` it stops as soon as it certainly misses those bounds
+        (``gave_up``; its figures then cover what it served until then)."""
         horizon = horizon_s if horizon_s is not None else max(3 * duration_s, duration_s + 600.0)
         result = PolicyResult(
             self.plan.policy,
@@ -382,6 +498,10 @@ class Simulator:
         if not self.serverful and not self.oracle:
             self._warm_up(result, usd)
         order = sorted(range(len(requests)), key=lambda i: requests[i].arrival_s)
+        judge = None
+        if give_up is not None:
+            floor_s = self._step_floor_s() if self.replan is None else 0.0  # (a re-plan may change memory)
+            judge = _Judge(give_up, requests, self.prefill_chunk, self.hardware.loops, floor_s, horizon)
         waiting: deque[int] = deque()
         arrived = 0
         active: list[list[_Sequence]] = [[] for _ in range(self.hardware.loops)]
@@ -457,6 +577,12 @@ class Simulator:
                             (done - sequence.first_token_s) * 1e3 / (request.output_tokens - 1)
                         )
             active[loop] = [s for s in active[loop] if math.isnan(finished_at[s.index])]
+            if judge is not None and result.completed < len(requests):
+                judge.step(done, stepped, active[loop], waiting, requests, finished_at)
+                judge.prefilled(done, sum(tokens for _, tokens in step.prefilling))
+                if judge.missed():
+                    result.gave_up = True
+                    break
             heapq.heappush(events, (done, tiebreak, loop, 0))
         bar.close()
         result.tokens_served = {
@@ -483,6 +609,21 @@ class Simulator:
         result.backbone = "" if self.serverful else self.hardware.label
         result.fleet = self.hardware.label if self.serverful else ""
         return result
+
+    def _step_floor_s(self) -> float:
+        """A lower bound on any step's time: each MoE layer whose experts are all on functions
+        waits for at least one invoke of one row on its fastest function (0 where invoke times
+        vary with the machine's load, or serverful)."""
+        if self.serverful or self.model.invoke_spread > 0:
+            return 0.0
+        floor_ms = 0.0
+        for layer in self.layers:
+            routed = list(self._routes.get(layer, {}).values())
+            if not routed or any(targets is None for targets in routed):
+                continue
+            memories = {self.functions[name].memory_mb for targets in routed for name in targets or ()}
+            floor_ms += min(sum(self._times(memory, 1)) for memory in memories)
+        return floor_ms / 1e3
 
     def _reprovision(self, now: float, window_s: float, usd: dict[str, float]) -> None:
         """One re-plan of the forecasting re-planner over the window just ended."""
@@ -544,9 +685,13 @@ class Simulator:
     def _expire(self, function: _Function, now: float) -> None:
         """Drop the on-demand instances idle longer than the timeout, except those the pings keep
         alive (up to ``keep_warm`` instances in all, the most recently used first)."""
-        if not function.free_at:
+        timeout = self.idle_timeout_s
+        for t in function.free_at:  # (called once per invoke: nothing to drop is the common case)
+            if now - t > timeout:
+                break
+        else:
             return
-        alive = [t for t in function.free_at if t > now or now - t <= self.idle_timeout_s]
+        alive = [t for t in function.free_at if t > now or now - t <= timeout]
         if function.keep_warm > len(alive):
             idle = sorted((t for t in function.free_at if t <= now - self.idle_timeout_s), reverse=True)
             alive += idle[: function.keep_warm - len(alive)]
@@ -652,6 +797,29 @@ class Simulator:
         factor = float(np.exp(self._spread_rng.normal(0.0, spread))) if spread > 0 else 1.0
         slices: dict[str, list[Slice]] = {}  # function -> (expert, 0, rows) of this layer, in order
         routes, max_rows, timeline = self._routes[layer], self.max_rows, self.timeline
+        serial_ms = self.model.invoke_serial_ms * factor
+        if layer in self._unbundled_layers and not timeline:
+            # every piece its own invoke, issued in the order the general path below issues them
+            # (its bundles never hold two pieces of one expert, and no function here serves two)
+            for expert, tokens in zip(needed.tolist(), row[needed].tolist(), strict=True):
+                names = routes[expert]
+                if names is None:  # resident on the backbone
+                    resident += 1
+                    resident_selections += tokens
+                    continue
+                replicas = len(names)
+                for k in range(replicas):
+                    share = tokens // replicas + (1 if k < tokens % replicas else 0)
+                    for offset in range(0, share, max_rows):
+                        delay_ms = issued * serial_ms
+                        issued += 1
+                        piece = (min(max_rows, share - offset),)
+                        latency = delay_ms + self._invoke(
+                            now + delay_ms / 1e3, names[k], piece, result, usd, factor
+                        )
+                        if latency > slowest:
+                            slowest = latency
+            return max(slowest, self._gpu_experts_ms(resident, resident_selections))
         for expert, tokens in zip(needed.tolist(), row[needed].tolist(), strict=True):
             names = routes[expert]
             if names is None:  # resident on the backbone
@@ -669,7 +837,6 @@ class Simulator:
                     slices.setdefault(names[k], []).append((expert, 0, piece))
                     if timeline:
                         result.pieces.append((now, f"{layer}/{expert}/{k}", piece))
-        serial_ms = self.model.invoke_serial_ms * factor
         for name, assigned in slices.items():
             for bundle in bundle_slices(assigned, max_rows) if len(assigned) > 1 else (assigned,):
                 delay_ms = issued * serial_ms
@@ -698,10 +865,11 @@ class Simulator:
                 if function.warming:
                     function.warming = [t for t in function.warming if now - t <= self.idle_timeout_s]
                 self._expire(function, now)
-                idle = any(t <= now for t in function.provisioned_free_at) or any(
-                    t <= now for t in function.free_at
-                )
-                if idle or function.warming:
+                if (
+                    function.warming
+                    or _any_idle(function.provisioned_free_at, now)
+                    or _any_idle(function.free_at, now)
+                ):
                     continue
                 cold_ms = self._cold_start_ms(now, function)
                 function.warming.append(now + cold_ms / 1e3)
@@ -742,7 +910,7 @@ class Simulator:
         self,
         now: float,
         name: str,
-        bundle: list[int],
+        bundle: Sequence[int],
         result: PolicyResult,
         usd: dict[str, float],
         overhead_factor: float = 1.0,
@@ -751,12 +919,18 @@ class Simulator:
         experts (one, or several of one layer, computed one after another); returns its latency,
         ms (``overhead_factor`` scales its overhead and transfer: the machine's momentary load)."""
         function = self.functions[name]
-        compute = 0.0
-        for rows in bundle:
-            compute += self._times(function.memory_mb, rows)[1]
-        busy_ms = self._times(function.memory_mb, sum(bundle))[0] * overhead_factor + compute
+        memory, piece_ms = function.memory_mb, self._piece_ms
+        if len(bundle) == 1:  # (most invokes: one expert's piece)
+            times = piece_ms.get((memory, bundle[0])) or self._times(memory, bundle[0])
+            compute = times[1]
+        else:
+            compute = 0.0
+            for rows in bundle:
+                compute += (piece_ms.get((memory, rows)) or self._times(memory, rows))[1]
+            times = piece_ms.get((memory, sum(bundle))) or self._times(memory, sum(bundle))
+        busy_ms = times[0] * overhead_factor + compute
         result.invokes += 1
-        usd["requests"] += self.model.prices.per_request
+        usd["requests"] += self._per_request
         provisioned = False
         cold_ms = 0.0
         if self.oracle:
@@ -768,19 +942,31 @@ class Simulator:
                     level += 1
                 elif free < 0:
                     free = k
-            for t in function.free_at:
-                level += t > now
+            # one pass over the on-demand instances: the busy ones, whether any idled out, and the
+            # latest idle one (the one to reuse, unless idled-out ones are dropped). What the run
+            # does depends only on the instances' times, not on their order in the list.
+            free_at, timeout = function.free_at, self.idle_timeout_s
+            expired, k, latest = False, -1, 0.0
+            for j, t in enumerate(free_at):
+                if t > now:
+                    level += 1
+                    continue
+                if now - t > timeout:
+                    expired = True
+                if k < 0 or t > latest:
+                    k, latest = j, t
             if free >= 0:
                 provisioned = True
                 function.provisioned_free_at[free] = now + busy_ms / 1e3
                 start = now
             else:
-                # instances idle longer than the timeout are gone; of the idle rest, reuse the latest
-                self._expire(function, now)
-                k = -1
-                for j, t in enumerate(function.free_at):
-                    if t <= now and (k < 0 or t > function.free_at[k]):
-                        k = j
+                if expired and len(free_at) > function.keep_warm:  # idled-out ones beyond the pinged go
+                    self._expire(function, now)
+                    free_at = function.free_at
+                    k, latest = -1, 0.0
+                    for j, t in enumerate(free_at):
+                        if t <= now and (k < 0 or t > latest):
+                            k, latest = j, t
                 if k >= 0:
                     start = now
                 elif function.warming and now - min(function.warming) <= self.idle_timeout_s:
@@ -798,11 +984,14 @@ class Simulator:
                     k = len(function.free_at) - 1
                     start = now + cold_ms / 1e3
                 function.free_at[k] = start + busy_ms / 1e3
-            # demand by level, its cold starts as on-demand Lambda alone would have had them
-            level_idle = self._levels.touch(name, level, now)
-            self._demand.setdefault(name, LevelDemand()).add(level, busy_ms / 1e3, level_idle)
-            if self.reprovision is not None:
-                self._window_demand.setdefault(name, LevelDemand()).add(level, busy_ms / 1e3, level_idle)
+            if self.record_demand:  # by level, its cold starts as on-demand Lambda alone would have had them
+                level_idle = self._levels.touch(name, level, now)
+                demand = self._demand.get(name)
+                if demand is None:
+                    demand = self._demand[name] = LevelDemand()
+                demand.add(level, busy_ms / 1e3, level_idle)
+                if self.reprovision is not None:
+                    self._window_demand.setdefault(name, LevelDemand()).add(level, busy_ms / 1e3, level_idle)
         usd["duration"] += self.model.duration_usd(compute + cold_ms, function.memory_mb, provisioned)
         if self.timeline:
             result.busy.append((start, start + busy_ms / 1e3))

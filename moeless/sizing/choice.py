@@ -42,8 +42,9 @@ class Sizing:
     def best_latency(self) -> FrontierPoint:
         """The point with the lowest p99 TPOT (what an unreachable SLO can have instead), among
         those that completed the most requests: an overloaded plan that finished none has no
-        latency to speak of, not the best one."""
-        return min(self.points, key=fastest_completing)
+        latency to speak of, not the best one. Runs that stopped once they missed the SLO come
+        last (their figures cover only what they served until then)."""
+        return min(self.points, key=lambda p: (bool(p.summary.get("gave_up")), *fastest_completing(p)))
 
 
 def fastest_completing(point: FrontierPoint) -> tuple[int, float, float]:
@@ -136,6 +137,14 @@ def why_unreachable(sizing: Sizing) -> str:
             f"{alone.stall_tpot_ms:.1f} ms per token beside a prefill"
         )
     best = sizing.best_latency().summary
+    if best.get("gave_up"):
+        return (
+            f"{sizing.policy} cannot meet {slo.describe()} on this traffic at any provisioned "
+            f"concurrency: in every plan tried, more requests than a p99 tolerates missed it (each "
+            f"run stopped there; the Lambda floor of TPOT is {sizing.floor_ms:.1f} ms; --frontier "
+            "runs every plan to its end and shows what each reaches)"
+            + (f"; under the stall bound {beyond}" if beyond else "")
+        )
     return (
         f"{sizing.policy} cannot meet {slo.describe()} on this traffic at any provisioned "
         f"concurrency: the best reached is p99 TPOT {ms(best['tpot_ms_p99'])} ms, p99 TTFT "

@@ -157,11 +157,13 @@ def family(
     """The candidates of ``structure`` the search asks for, from its probe's ``demand``."""
     ping_usd = _ping_usd(structure.variant, structure.memory_mb, span_s) if search.keep_warm else None
     replan = _replanner(structure, search)
+    built: dict[tuple[Any, ...], Plan] = {}  # most prices keep the same warmth: one plan each
 
     def candidate(
         price: float, warmth: dict[str, Warmth], uniform: int | None = None, every: bool = False
     ) -> Candidate:
-        plan = with_concurrency(structure.plan, warmth)
+        key = (tuple(warmth), tuple((w.provisioned, w.keep_warm) for w in warmth.values()))
+        plan = built.get(key) or built.setdefault(key, with_concurrency(structure.plan, warmth))
         if replan is not None:  # the re-planner prices cold starts as the plan was sized
             params = replan | {"usd_per_cold_start": None if math.isinf(price) else price}
             plan = replace(plan, params=plan.params | {"replan": params})

@@ -21,11 +21,11 @@ from typing import Any
 from tqdm import tqdm
 
 from moeless.contracts.environment import KEEP_WARM_PING_S
-from moeless.contracts.plan import Plan, PlanEstimate
+from moeless.contracts.plan import Plan, PlanEstimate, Policy
 from moeless.errors import SimulationError
 from moeless.simulation.policies import Deployment
 from moeless.simulation.routing import StepRouting
-from moeless.simulation.simulator import PrewarmModel, Request
+from moeless.simulation.simulator import GiveUp, PrewarmModel, Request
 from moeless.sizing.choice import Sizing, SloUnreachable, choose, premium_paid
 from moeless.sizing.family import Candidate, FrontierPoint, family
 from moeless.sizing.runner import Job, Runner, Traffic, runner
@@ -33,7 +33,7 @@ from moeless.sizing.settings import DEFAULT_SEARCH, SearchSpace
 from moeless.sizing.slo import Slo, check_judgeable
 from moeless.sizing.structures import Structure, floor_ms, structures
 
-SIZED_POLICIES = ("moeless", "remoe")
+SIZED_POLICIES = (Policy.MOELESS, Policy.REMOE)
 
 
 def size_for_slo(
@@ -59,10 +59,9 @@ def size_for_slo(
         raise SimulationError(f"the replica optimiser sizes moeless or remoe plans, not {policy!r}")
     check_judgeable(replay, duration_s)
     shapes = list(structures(policy, deployment, routing, search))
-    traffic = Traffic(policy, routing, replay, duration_s, prewarm, seed)
+    traffic = Traffic(policy, routing, replay, duration_s, search, prewarm, seed)
     with runner(traffic, search.processes) as run:
-        shapes, demands, probes = _probe(shapes, run, search, progress)
-        candidates = [c for s in shapes for c in family(s, demands[s.key], duration_s, search)]
+        candidates, probes = _probe(shapes, run, search, progress)
         points, simulated, skipped = _judge(candidates, probes, run, slo, search, progress)
         sizing = _answer(policy, slo, points, floor_ms(deployment, search), search, simulated, skipped)
         if sizing.chosen is None:
@@ -79,27 +78,30 @@ def size_for_slo(
 
 def _probe(
     shapes: list[Structure], run: Runner, search: SearchSpace, progress: bool
-) -> tuple[list[Structure], dict[tuple[object, ...], Any], dict[tuple[object, ...], dict[str, Any]]]:
-    """Each structure's probe (nothing warm, after a quiet), and with the stall bound its stall
-    probe: the structures with their stall figures, each one's demand by level and probe summary."""
+) -> tuple[list[Candidate], dict[tuple[object, ...], dict[str, Any]]]:
+    """Each structure's probe (nothing warm, after a quiet) and family, and with the stall bound its
+    stall probe: every candidate (its structure with its stall figure), and each probe's summary."""
     probed = not (search.warm_every_level and not search.keep_warm)  # else no family reads it
-    jobs = [Job("probe", s.variant, s.plan) for s in shapes] if probed else []
+    jobs = [Job.probe(s) for s in shapes] if probed else []
     if search.stall_bound:
         jobs += [Job("stall", s.variant, s.plan) for s in shapes]
     with tqdm(
         total=len(jobs), desc=f"probing {len(shapes)} structures", unit="run", disable=not progress
     ) as bar:
         outcomes = run.run(jobs, bar)
-    demands: dict[tuple[object, ...], Any] = {s.key: {} for s in shapes}
+    stalls = outcomes[len(outcomes) - len(shapes) :] if search.stall_bound else [None] * len(shapes)
+    candidates: list[Candidate] = []
     summaries: dict[tuple[object, ...], dict[str, Any]] = {}
-    if probed:
-        for shape, outcome in zip(shapes, outcomes[: len(shapes)], strict=True):
+    for index, (shape, stall) in enumerate(zip(shapes, stalls, strict=True)):
+        if probed:
+            outcome = outcomes[index]
             assert isinstance(outcome, tuple)
-            summaries[shape.key], demands[shape.key] = outcome
-    if search.stall_bound:
-        stalls = outcomes[-len(shapes) :]
-        shapes = [replace(s, stall_tpot_ms=float(t)) for s, t in zip(shapes, stalls, strict=True)]  # type: ignore[arg-type]
-    return shapes, demands, summaries
+            summaries[shape.key], found = outcome
+        else:
+            found = family(shape, {}, run.traffic.span_s, search)
+        probed_shape = shape if stall is None else replace(shape, stall_tpot_ms=float(stall))  # type: ignore[arg-type]
+        candidates += [replace(c, structure=probed_shape) for c in found]
+    return candidates, summaries
 
 
 def standing_usd(plan: Plan, deployment: Deployment, span_s: float) -> float:
@@ -182,6 +184,8 @@ def _judge(
         if not same[0].warm and same[0].structure.key in probes:
             summaries[key] = probes[same[0].structure.key]
     bounds = _Bounds(slo, search)
+    # a point's run stops once it certainly misses the SLO (for the frontier every one runs to its end)
+    give_up = None if search.exhaustive else GiveUp(slo.tpot_ms, slo.ttft_ms)
     within = {c.structure.key: bounds.within_bound(c.structure) for c in candidates}
     points: list[FrontierPoint] = []
 
@@ -204,24 +208,25 @@ def _judge(
     )
     bar = tqdm(total=len(waiting), desc=f"sizing {run.traffic.policy}", unit="plan", disable=not progress)
     skipped, simulated = 0, 0
-    while waiting:
-        batch: list[tuple[Any, ...]] = []
-        while waiting and len(batch) < run.width:
+
+    def next_job() -> tuple[Any, Job] | None:
+        """The next candidate that may still be chosen, given every outcome so far."""
+        nonlocal skipped, simulated
+        while waiting:
             bound, key = waiting.pop(0)
             if search.exhaustive or any(bounds.needed(c, bound, within) for c in by_key[key]):
-                batch.append(key)
-            else:
-                skipped += 1
-                bar.update()
-        outcomes = run.run(
-            [Job("point", by_key[k][0].structure.variant, by_key[k][0].plan) for k in batch], bar
-        )
-        simulated += len(batch)
-        for key, outcome in zip(batch, outcomes, strict=True):
-            assert isinstance(outcome, dict)
-            summaries[key] = outcome
-            judged(key)
-        bar.set_postfix(skipped=skipped)
+                simulated += 1
+                return key, Job("point", by_key[key][0].structure.variant, by_key[key][0].plan, give_up)
+            skipped += 1
+            bar.update()
+            bar.set_postfix(skipped=skipped)
+        return None
+
+    for key, outcome in run.as_done(next_job):
+        assert isinstance(outcome, dict)
+        summaries[key] = outcome
+        judged(key)
+        bar.update()
     bar.close()
     return points, simulated, skipped
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import multiprocessing
 import os
-from collections.abc import Iterator
-from concurrent.futures import Executor, ProcessPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import FIRST_COMPLETED, Executor, Future, ProcessPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -19,11 +19,13 @@ from typing import Any
 from tqdm import tqdm
 
 from moeless.contracts.plan import Plan
-from moeless.planning.concurrency import LevelDemand
 from moeless.simulation.policies import Deployment, simulate_policy
 from moeless.simulation.routing import StepRouting
-from moeless.simulation.simulator import PrewarmModel, Request
+from moeless.simulation.simulator import GiveUp, PrewarmModel, Request
+from moeless.sizing.family import Candidate, family
+from moeless.sizing.settings import DEFAULT_SEARCH, SearchSpace
 from moeless.sizing.stall import stall_tpot_ms
+from moeless.sizing.structures import Structure
 
 
 @dataclass(frozen=True)
@@ -34,20 +36,28 @@ class Traffic:
     routing: StepRouting
     replay: list[Request]
     span_s: float
+    search: SearchSpace = DEFAULT_SEARCH
     prewarm: dict[str, PrewarmModel] | None = None
     seed: int = 0
 
 
 @dataclass(frozen=True)
 class Job:
-    """One simulation: ``kind`` is ``probe`` (keep the demand), ``point`` or ``stall``."""
+    """One simulation: ``kind`` is ``probe`` (of ``structure``: its family is sized from the
+    demand it saw, in the worker), ``point`` or ``stall``."""
 
     kind: str
     variant: Deployment
     plan: Plan
+    give_up: GiveUp | None = None  # a point's run stops once it certainly misses the SLO
+    structure: Structure | None = None
+
+    @classmethod
+    def probe(cls, structure: Structure) -> Job:
+        return cls("probe", structure.variant, structure.plan, structure=structure)
 
 
-Outcome = tuple[dict[str, Any], dict[str, LevelDemand]] | dict[str, Any] | float
+Outcome = tuple[dict[str, Any], list[Candidate]] | dict[str, Any] | float
 
 _traffic: Traffic | None = None  # a worker's shared part, set by its initializer
 
@@ -74,9 +84,14 @@ def run_job(job: Job, traffic: Traffic | None = None) -> Outcome:
         seed=shared.seed,
         timeline=False,
         warm_up=False,  # after a quiet (docs/planner.md, step 2)
+        give_up=job.give_up,
+        record_demand=job.kind == "probe",  # a point's choice reads only its summary
     )
     summary = result.summary()
-    return (summary, result.demand) if job.kind == "probe" else summary
+    if job.kind == "probe":
+        assert job.structure is not None
+        return summary, family(job.structure, result.demand, shared.span_s, shared.search)
+    return summary
 
 
 class Runner:
@@ -89,6 +104,24 @@ class Runner:
     def width(self) -> int:
         """How many jobs run at once."""
         return getattr(self.pool, "_max_workers", 1) if self.pool is not None else 1
+
+    def as_done(self, next_job: Callable[[], tuple[Any, Job] | None]) -> Iterator[tuple[Any, Outcome]]:
+        """Runs the jobs ``next_job`` hands out (with a tag each; ``None``: none more), ``width``
+        at a time, and yields each (tag, outcome) as it finishes; ``next_job`` is asked again
+        whenever one finishes, so it decides with every outcome so far."""
+        if self.pool is None:
+            while (item := next_job()) is not None:
+                yield item[0], run_job(item[1], self.traffic)
+            return
+        running: dict[Future[Outcome], Any] = {}
+        while True:
+            while len(running) < self.width and (item := next_job()) is not None:
+                running[self.pool.submit(run_job, item[1])] = item[0]
+            if not running:
+                return
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                yield running.pop(future), future.result()
 
     def run(self, jobs: list[Job], bar: tqdm | None = None) -> list[Outcome]:
         """The jobs' outcomes, in order (``bar`` advanced as each finishes)."""

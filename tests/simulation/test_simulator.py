@@ -17,7 +17,7 @@ from moeless.model.shapes import ModelShape
 from moeless.planning.cost_model import CostModel, ExpertShape
 from moeless.simulation.roofline import Hardware, Roofline
 from moeless.simulation.routing import RecordedRouting, SampledRouting
-from moeless.simulation.simulator import GpuModel, PrewarmModel, Request, Simulator
+from moeless.simulation.simulator import GpuModel, PolicyResult, PrewarmModel, Request, Simulator
 
 SIZE = ExpertShape(1024, 2816, 3 * 1024 * 2816 * 4)
 SHARES = {0: [50.0, 30, 10, 5, 3, 1, 1, 0], 1: [5.0, 5, 20, 20, 20, 10, 10, 10]}
@@ -416,3 +416,74 @@ def test_an_overloaded_policy_stops_at_the_horizon_and_says_so():
     assert result.usd["gpu"] == pytest.approx(3.6 / 3600 * 30.0)
     summary = result.summary()
     assert summary["usd_per_1k_requests"] == pytest.approx(1000 * sum(result.usd.values()) / result.completed)
+
+
+def test_a_run_gives_up_once_it_certainly_misses_its_p99_and_never_before():
+    """With every function cold, a tight TPOT bound is missed by the first requests: the run stops
+    there (fewer steps, ``gave_up``). A bound the full run meets never stops it: the same figures."""
+    from moeless.simulation.simulator import GiveUp
+
+    requests = [Request(2.0 * n, 8, 6, n) for n in range(30)]
+
+    def run(give_up: GiveUp | None) -> dict:
+        simulator = Simulator(
+            one_function_each(), sampled(), SIZE, CostModel(), GPU, HARDWARE, timeline=False
+        )
+        return simulator.run(requests, 60.0, give_up=give_up).summary()
+
+    full = run(None)
+    assert not full["gave_up"] and full["completed"] == 30
+    met = run(GiveUp(full["tpot_ms_p99"] * 1.01, full["ttft_ms_p99"] * 1.01))
+    assert met == full
+    tight = run(GiveUp(full["tpot_ms_p50"] / 2))
+    assert tight["gave_up"] and tight["completed"] < 30 and tight["steps"] < full["steps"]
+    waiting = run(GiveUp(1e9, ttft_ms=full["ttft_ms_p50"] / 2))
+    assert waiting["gave_up"] and waiting["steps"] < full["steps"]
+
+
+@pytest.mark.parametrize("values", [1, 2, 15, 99, 100, 101, 250, 1000])
+def test_give_up_counts_what_puts_numpys_p99_over_a_bound(values):
+    from moeless.simulation.simulator import GiveUp
+
+    over = GiveUp.over_p99(values)
+    assert 1 <= over <= values + 1
+    if over <= values:  # that many values over the bound, the rest at 0: the p99 is over it
+        assert np.percentile([0.0] * (values - over) + [2.0] * over, 99) > 1.0
+
+
+def test_a_run_whose_prompts_cannot_be_prefilled_by_its_horizon_gives_up_and_one_that_can_does_not():
+    """Chunks of 8 tokens, each step at least the invoke of one row at every layer: 40 prompts of
+    4,000 tokens cannot all be prefilled by the horizon (the full run completes few), so the run
+    stops at once; 4 of them can, and run to the same end as without giving up."""
+    from moeless.simulation.simulator import GiveUp
+
+    def run(requests: list[Request], give_up: GiveUp | None) -> dict:
+        simulator = Simulator(
+            one_function_each(), sampled(), SIZE, CostModel(), GPU, HARDWARE, prefill_chunk=8, timeline=False
+        )
+        assert simulator._step_floor_s() > 0
+        return simulator.run(requests, 30.0, horizon_s=120.0, give_up=give_up).summary()
+
+    loose = GiveUp(1e9)
+    heavy = [Request(0.5 * n, 4000, 2, n) for n in range(40)]
+    full = run(heavy, None)
+    assert full["completed"] < 40
+    stopped = run(heavy, loose)
+    assert stopped["gave_up"] and stopped["steps"] < full["steps"] / 10
+    light = heavy[:4]
+    assert run(light, loose) == run(light, None) and run(light, None)["completed"] == 4
+
+
+def test_a_run_that_keeps_no_demand_serves_the_same():
+    """The optimiser's judged points skip the demand by level (only probes read it): same figures."""
+    requests = poisson(rate=6.0, duration=20.0)
+
+    def run(record_demand: bool) -> PolicyResult:
+        simulator = Simulator(
+            one_function_each(), sampled(), SIZE, CostModel(), GPU, HARDWARE, timeline=False,
+            record_demand=record_demand,
+        )  # fmt: skip
+        return simulator.run(requests, 20.0)
+
+    kept, skipped = run(True), run(False)
+    assert kept.summary() == skipped.summary() and kept.demand and not skipped.demand

@@ -605,7 +605,7 @@ def test_the_stall_bound_sizes_replicas_for_overlaps_the_planning_traffic_never_
     same prompts arrive together (each decodes beside the others' chunks). The stall probe
     predicts that overlapped TPOT with the traffic unseen; under the bound the optimiser takes
     the replicas that meet it, and a bound no structure meets is refused saying why."""
-    from cli.cmd_plan import _stall_lines
+    from moeless.sizing.report import stall_lines as _stall_lines
     from moeless.sizing.stall import stall_tpot_ms
 
     deployment = replace(Deployment.choose(one_expert_shape()), prefill_chunk=256)
