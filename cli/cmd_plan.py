@@ -34,6 +34,12 @@ POLICY_ONLY = {
 }
 
 
+class OptionsRefused(click.ClickException):
+    """Options given where they do not apply: a usage error (exit 2), said in one line."""
+
+    exit_code = 2
+
+
 def _print_search(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
@@ -55,7 +61,7 @@ def _flag(ctx: click.Context, name: str) -> str:
 
 
 def refuse_what_does_not_apply(ctx: click.Context, params: dict[str, Any]) -> None:
-    """A usage error (exit 2, one line) naming each option given where it does not apply, and why."""
+    """Refuse (:class:`OptionsRefused`) naming each option given where it does not apply, and why."""
     sized = params["slo_tpot_ms"] is not None
     wrong = []
     for name in SIZED_ONLY if not sized else ANALYTIC_ONLY:
@@ -79,7 +85,7 @@ def refuse_what_does_not_apply(ctx: click.Context, params: dict[str, Any]) -> No
             if _given(ctx, name) and params["policy"] not in policies:
                 wrong.append(f"{_flag(ctx, name)} applies to --policy {'/'.join(policies)} only")
     if wrong:
-        raise click.UsageError("; ".join(wrong))
+        raise OptionsRefused("; ".join(wrong))
 
 
 class _TerseOption(click.Option):

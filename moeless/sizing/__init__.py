@@ -1,6 +1,6 @@
 """Sizing a plan for a latency SLO: the search space and its defaults, the candidate structures,
 their families of warmth, the simulator judging them, the choice, and what the plan says of it
-(docs/planner.md, "Sizing for an SLO")."""
+(docs/planner.md, "Sizing provisioned concurrency for an SLO")."""
 
 from moeless.sizing.choice import Sizing, SloUnreachable, choose
 from moeless.sizing.family import FrontierPoint

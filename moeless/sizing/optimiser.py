@@ -3,13 +3,14 @@
 :func:`size_for_slo` builds the candidate structures (:mod:`~moeless.sizing.structures`), probes
 each, sizes its family of warmth (:mod:`~moeless.sizing.family`), has the simulator judge the
 candidates and chooses among them (:mod:`~moeless.sizing.choice`). The algorithm, step by step,
-with why each step is there: docs/planner.md ("Sizing for an SLO").
+with why each step is there: docs/planner.md ("Sizing provisioned concurrency for an SLO").
 
 Judging is the cost: each candidate is a replay of the whole model. Candidates are judged in
-order of a lower bound on their cost (what the plan costs standing, whatever its traffic: the
-backbone, provisioned GB-s and pings over the window), and one whose bound is above every cost that
-could still be chosen is not simulated. That changes no choice (the bound is below the simulated
-cost); ``SearchSpace.exhaustive`` judges them all (the frontier shows every point).
+worker processes, in order of a lower bound on their cost (what the plan costs standing, whatever
+its traffic: the backbone, provisioned GB-s and pings over the window); one whose bound is above
+every cost that could still be chosen is not simulated, and a run stops once it certainly misses
+the SLO. Neither changes a choice (docs/planner.md, "Judged in order of a bound");
+``SearchSpace.exhaustive`` judges every candidate to its end (the frontier shows every point).
 """
 
 from __future__ import annotations

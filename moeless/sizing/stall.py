@@ -3,7 +3,7 @@
 A p99 over requests meets the overlap of one request's prompt with others' decoding wherever a
 request decodes long enough for another to arrive; a window of a trace need not show it. The
 probe is that overlap at its worst routine size, judged without any cold start, so it is what the
-structure itself allows, whatever is kept warm (docs/planner.md, "The stall bound").
+structure itself allows, whatever is kept warm (docs/planner.md, step 6, "The stall bound").
 """
 
 from __future__ import annotations
