@@ -798,15 +798,18 @@ class Simulator:
         slices: dict[str, list[Slice]] = {}  # function -> (expert, 0, rows) of this layer, in order
         routes, max_rows, timeline = self._routes[layer], self.max_rows, self.timeline
         serial_ms = self.model.invoke_serial_ms * factor
+        routed = []  # (expert, tokens, the functions of its replicas) of the experts on functions
+        for expert, tokens in zip(needed.tolist(), row[needed].tolist(), strict=True):
+            names = routes[expert]
+            if names is None:  # resident on the backbone
+                resident += 1
+                resident_selections += tokens
+            else:
+                routed.append((expert, tokens, names))
         if layer in self._unbundled_layers and not timeline:
             # every piece its own invoke, issued in the order the general path below issues them
             # (its bundles never hold two pieces of one expert, and no function here serves two)
-            for expert, tokens in zip(needed.tolist(), row[needed].tolist(), strict=True):
-                names = routes[expert]
-                if names is None:  # resident on the backbone
-                    resident += 1
-                    resident_selections += tokens
-                    continue
+            for _, tokens, names in routed:
                 replicas = len(names)
                 for k in range(replicas):
                     share = tokens // replicas + (1 if k < tokens % replicas else 0)
@@ -820,12 +823,7 @@ class Simulator:
                         if latency > slowest:
                             slowest = latency
             return max(slowest, self._gpu_experts_ms(resident, resident_selections))
-        for expert, tokens in zip(needed.tolist(), row[needed].tolist(), strict=True):
-            names = routes[expert]
-            if names is None:  # resident on the backbone
-                resident += 1
-                resident_selections += tokens
-                continue
+        for expert, tokens, names in routed:
             replicas = len(names)
             if replicas == 1 and tokens <= max_rows and not timeline:  # one piece, one function
                 slices.setdefault(names[0], []).append((expert, 0, tokens))
