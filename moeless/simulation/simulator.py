@@ -454,6 +454,11 @@ class Simulator:
         for (layer, expert), placed in self.placement.items():
             resident = placed.placement == Placement.BACKBONE
             self._routes.setdefault(layer, {})[expert] = None if resident else self.targets[(layer, expert)]
+        # the same, each function once (a pre-warm warms a function, not a replica)
+        self._distinct_routes = {
+            layer: {e: None if t is None else tuple(dict.fromkeys(t)) for e, t in routes.items()}
+            for layer, routes in self._routes.items()
+        }
         # layers where no function serves two experts, and each expert's replicas are on one
         # function or each on its own: there every piece is an invoke of its own (no bundling)
         self._unbundled_layers = set()
@@ -684,7 +689,10 @@ class Simulator:
 
     def _expire(self, function: _Function, now: float) -> None:
         """Drop the on-demand instances idle longer than the timeout, except those the pings keep
-        alive (up to ``keep_warm`` instances in all, the most recently used first)."""
+        alive (up to ``keep_warm`` instances in all, the most recently used first). What the run
+        does depends only on the instances' times, not on their order in the list."""
+        if len(function.free_at) <= function.keep_warm:  # the pings keep every one
+            return
         timeout = self.idle_timeout_s
         for t in function.free_at:  # (called once per invoke: nothing to drop is the common case)
             if now - t > timeout:
@@ -851,14 +859,14 @@ class Simulator:
         """Pre-warm the functions of the predicted part of ``row`` that have no idle instance."""
         if self.prewarm is None or self.serverful or self.oracle:
             return
-        routes = self._routes[self.layers[index]]
+        routes = self._distinct_routes[self.layers[index]]
         experts = np.flatnonzero(row)
         predicted = self._prewarm_rng.random(len(experts)) < self.prewarm.hit_rate
         for expert in experts[predicted].tolist():
             names = routes[expert]
             if names is None:  # resident on the backbone
                 continue
-            for name in names if len(names) == 1 else dict.fromkeys(names):
+            for name in names:
                 function = self.functions[name]
                 if function.warming:
                     function.warming = [t for t in function.warming if now - t <= self.idle_timeout_s]
