@@ -24,6 +24,7 @@ from tqdm import tqdm
 from moeless.contracts.environment import KEEP_WARM_PING_S
 from moeless.contracts.plan import Plan, PlanEstimate, Policy
 from moeless.errors import SimulationError
+from moeless.planning.concurrency import ping_cost_usd
 from moeless.simulation.policies import Deployment
 from moeless.simulation.routing import StepRouting
 from moeless.simulation.simulator import GiveUp, PrewarmModel, Request
@@ -111,17 +112,15 @@ def standing_usd(plan: Plan, deployment: Deployment, span_s: float) -> float:
     bill (which adds every invoke, and runs past the span while requests finish)."""
     model, size = deployment.model, deployment.expert_size()
     gpu = deployment.hardware(serverful=False).hourly_usd / 3600 * span_s
-    rounds = math.ceil(span_s / KEEP_WARM_PING_S)
     lambda_usd = 0.0
     for f in plan.functions:
         lambda_usd += model.provisioned_usd_per_s(f.memory_mb, f.provisioned_concurrency) * span_s
-        if f.keep_warm:
+        if f.keep_warm:  # each round pings the provisioned and the kept environments (the simulator's bill)
             ping_ms = model.expert_ms(
                 1, size.hidden, size.intermediate, model.vcpus(f.memory_mb), size.weight_bytes
             )
-            lambda_usd += (
-                rounds * (f.keep_warm + f.provisioned_concurrency) * model.invoke_usd(ping_ms, f.memory_mb)
-            )
+            one = ping_cost_usd(span_s, f.memory_mb, KEEP_WARM_PING_S, ping_ms, model.prices)
+            lambda_usd += (f.keep_warm + f.provisioned_concurrency) * one
     return gpu + lambda_usd
 
 
