@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from cli.options import echo_step, plan_option
+from moeless.aws_limits import MAX_FUNCTION_MEMORY_MB
 
 if TYPE_CHECKING:
     from moeless.contracts.plan import Plan
@@ -103,6 +104,18 @@ def deployment_options(command: Callable[..., Any]) -> Callable[..., Any]:
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="REST port with --local."
 )
+@click.option(
+    "--check",
+    is_flag=True,
+    help="Only check that the account's Lambda quotas hold the plan (every deploy checks first).",
+)
+@click.option(
+    "--max-function-memory-mb",
+    type=click.IntRange(128, MAX_FUNCTION_MEMORY_MB),
+    default=MAX_FUNCTION_MEMORY_MB,
+    show_default=True,
+    help="The account's function memory cap (new accounts: 3008); no AWS API reads it.",
+)
 def deploy(
     request: DeployRequest,
     plan: Plan,
@@ -112,6 +125,8 @@ def deploy(
     local: bool,
     aws_endpoint: str | None,
     port: int,
+    check: bool,
+    max_function_memory_mb: int,
 ) -> None:
     """Deploy ARTIFACTS with a plan: S3 + ECR, one Lambda per plan function with its provisioned
     concurrency, the GPU backbone on ECS, and API Gateway. Prints the endpoint and API key.
@@ -137,11 +152,25 @@ def deploy(
         return
     import boto3
 
+    from moeless.deployment.deploy import check as check_account
     from moeless.deployment.deploy import deploy as run_deploy
+    from moeless.deployment.preflight import require_fit
 
-    result = run_deploy(request, boto3.Session(profile_name=request.profile), say=click.echo)
+    session = boto3.Session(profile_name=request.profile)
+    if check:
+        fit = check_account(request, session, max_function_memory_mb)
+        click.echo(fit.summary())
+        require_fit(fit)
+        click.echo(f"the account holds stage {request.stage}'s plan")
+        return
+    result = run_deploy(request, session, say=click.echo, max_function_memory_mb=max_function_memory_mb)
     click.echo(f"endpoint: {result.endpoint}")
     click.echo(f"api key:  {result.api_key}   (send it as the x-api-key header)")
+    if result.unallocated:
+        click.echo(
+            f"{len(result.unallocated)} function(s) lack their provisioned concurrency (they serve on "
+            "demand meanwhile): see above; running `moeless deploy` again retries them"
+        )
 
 
 def _deploy_locally(request: DeployRequest, plan: Plan, aws_endpoint: str | None, port: int) -> None:
@@ -177,14 +206,20 @@ def _deploy_locally(request: DeployRequest, plan: Plan, aws_endpoint: str | None
 @click.command()
 @deployment_options
 @click.option("--yes", is_flag=True, help="Do not ask for confirmation.")
-def destroy(request: DeployRequest, plan: Plan, yes: bool) -> None:
-    """Delete a stage's stacks, deployed from ARTIFACTS (the bucket and image repositories are kept:
-    they hold data)."""
+@click.option(
+    "--keep-data",
+    is_flag=True,
+    help="Keep the bucket and image repositories (the stage cannot be deployed again while they stay).",
+)
+def destroy(request: DeployRequest, plan: Plan, yes: bool, keep_data: bool) -> None:
+    """Delete a stage's stacks, deployed from ARTIFACTS, then its bucket and image repositories
+    (the stacks retain them; a stage is deployed again only once they are gone)."""
+    import boto3
+
     from moeless.deployment.deploy import destroy as run_destroy
 
+    what = "every stack" if keep_data else "every stack, the bucket and the image repositories"
     if not yes:
-        click.confirm(f"Delete every stack of stage {request.stage!r}?", abort=True)
-    run_destroy(request)
-    click.echo(
-        f"stage {request.stage} destroyed; its bucket and ECR repositories remain (delete them by hand)"
-    )
+        click.confirm(f"Delete {what} of stage {request.stage!r}?", abort=True)
+    removed = run_destroy(request, boto3.Session(profile_name=request.profile), keep_data=keep_data)
+    click.echo(f"stage {request.stage} destroyed" + (f"; removed {', '.join(removed)}" if removed else ""))

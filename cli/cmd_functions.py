@@ -10,6 +10,7 @@ import click
 
 from cli.options import echo_step, plan_option, quiet_option
 from cli.running import expert_task_root, host_options, wait_for_stop_signal
+from moeless.aws_limits import DEFAULT_LIMITS
 
 
 @click.group()
@@ -27,12 +28,20 @@ def functions() -> None:
     show_default=True,
     help="Port of the Lambda API on 127.0.0.1 (0: any free port).",
 )
+@click.option(
+    "--account-concurrency",
+    type=click.IntRange(1),
+    default=DEFAULT_LIMITS.account_concurrency,
+    show_default=True,
+    help="The account's concurrent executions, all functions together (Lambda's default quota).",
+)
 @host_options
 @quiet_option
 def up(
     artifacts: Path,
     plan_path: Path | None,
     port: int,
+    account_concurrency: int,
     alias: str,
     max_instances: int,
     idle_timeout: float,
@@ -48,6 +57,8 @@ def up(
     use the Lambda API, e.g. boto3.client("lambda", endpoint_url=...). On shutdown it prints what
     AWS would have billed.
     """
+    from dataclasses import replace
+
     from moeless.contracts.manifest import load_manifest
     from moeless.contracts.plan import plan_for
     from moeless.lambda_host.experts import start_expert_host
@@ -66,6 +77,7 @@ def up(
         timeout,
         log_dir,
         on_progress=lambda message: echo_step(message, quiet),
+        limits=replace(DEFAULT_LIMITS, account_concurrency=account_concurrency),
     )
     try:
         click.echo(f"Lambda API: {host.endpoint_url}  ({len(plan.functions)} functions, plan: {plan.policy})")

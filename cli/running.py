@@ -43,7 +43,7 @@ host_options = option_group(
         type=click.IntRange(1),
         default=64,
         show_default=True,
-        help="Function instances alive at once, all functions together (the local account limit).",
+        help="Function instances alive at once, all functions together (this machine's process limit).",
     ),
     click.option(
         "--idle-timeout",

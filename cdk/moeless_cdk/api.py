@@ -1,13 +1,18 @@
 """The REST endpoint: API Gateway in front of the backbone's load balancer through a VPC link.
 
-``POST /v1/completions`` (body checked against :data:`COMPLETION_SCHEMA` before it reaches the
-service, which checks it in full) and ``GET /healthz``; an API key with a usage plan (throttle
-and daily quota), JSON access logs, and a WAF web ACL with AWS's common rules and a per-IP rate
-limit. On LocalStack (``moeless:target=localstack``) the routes call ``moeless:backboneUrl``
-directly, without the VPC link and the WAF, which the emulator lacks.
+Every public route of the service (:data:`moeless.contracts.rest.PUBLIC_ROUTES`), the completion and
+chat bodies checked against :data:`BODY_SCHEMAS` before they reach the service (which checks them in
+full), the two that may stream with ``ResponseTransferMode: STREAM`` (records reach the client as
+they are made, for up to 15 minutes); an API key with a usage plan (throttle and daily quota), JSON
+access logs, and a WAF web ACL with AWS's common rules and a per-IP rate limit. On LocalStack
+(``moeless:target=localstack``) the routes call ``moeless:backboneUrl`` directly, without the VPC
+link and the WAF, which the emulator lacks.
 """
 
 from __future__ import annotations
+
+import re
+from typing import Any
 
 from aws_cdk import CfnOutput, Duration, Stack
 from aws_cdk import aws_apigateway as apigw
@@ -15,6 +20,7 @@ from aws_cdk import aws_logs as logs
 from aws_cdk import aws_wafv2 as wafv2
 from constructs import Construct
 
+from moeless.contracts.rest import PUBLIC_ROUTES
 from moeless_cdk.backbone import BackboneStack
 from moeless_cdk.config import DeployConfig
 from moeless_cdk.nag import acknowledge
@@ -45,6 +51,26 @@ COMPLETION_SCHEMA = apigw.JsonSchema(
         "seed": apigw.JsonSchema(type=apigw.JsonSchemaType.INTEGER),
     },
 )
+CHAT_SCHEMA = apigw.JsonSchema(
+    schema=apigw.JsonSchemaVersion.DRAFT4,
+    title="ChatCompletionRequest",
+    type=apigw.JsonSchemaType.OBJECT,
+    required=["model", "messages"],
+    properties={
+        "model": apigw.JsonSchema(type=apigw.JsonSchemaType.STRING, min_length=1),
+        "messages": apigw.JsonSchema(
+            type=apigw.JsonSchemaType.ARRAY,
+            min_items=1,
+            items=apigw.JsonSchema(type=apigw.JsonSchemaType.OBJECT, required=["role"]),
+        ),
+        "stream": apigw.JsonSchema(type=apigw.JsonSchemaType.BOOLEAN),
+    },
+)
+BODY_SCHEMAS = {"completion": COMPLETION_SCHEMA, "chat": CHAT_SCHEMA}
+# API Gateway's quotas: a buffered integration answers within 29 s; a streamed one may run for 15
+# minutes (https://docs.aws.amazon.com/apigateway/latest/developerguide/response-transfer-mode.html)
+BUFFERED_TIMEOUT = Duration.seconds(29)
+STREAM_TIMEOUT = Duration.minutes(15)
 WAF_RATE_LIMIT_PER_5_MIN = 2000
 
 
@@ -99,40 +125,54 @@ class ApiStack(Stack):
                 "LocalStack has no WAFv2 API; moeless:target=aws associates the web ACL with this stage",
             )
             base = config.backbone_url.rstrip("/")
-            connection = apigw.IntegrationOptions(timeout=Duration.seconds(29))
+            connection: dict[str, Any] = {}
         else:
             link = apigw.VpcLink(self, "VpcLink", targets=[backbone.load_balancer])
             base = f"http://{backbone.load_balancer.load_balancer_dns_name}"
-            connection = apigw.IntegrationOptions(
-                connection_type=apigw.ConnectionType.VPC_LINK, vpc_link=link, timeout=Duration.seconds(29)
-            )
-
-        def proxy(method: str, path: str) -> apigw.Integration:
-            return apigw.Integration(
-                type=apigw.IntegrationType.HTTP_PROXY,
-                integration_http_method=method,
-                uri=f"{base}{path}",
-                options=connection,
-            )
+            connection = {"connection_type": apigw.ConnectionType.VPC_LINK, "vpc_link": link}
 
         validator = self.api.add_request_validator(
             "Body",
-            request_validator_name="completion-body",
+            request_validator_name="json-body",
             validate_request_body=True,
             validate_request_parameters=True,
         )
-        model = self.api.add_model("Completion", content_type="application/json", schema=COMPLETION_SCHEMA)
-        completions = self.api.root.add_resource("v1").add_resource("completions")
-        completions.add_method(
-            "POST",
-            proxy("POST", "/v1/completions"),
-            api_key_required=True,
-            request_validator=validator,
-            request_models={"application/json": model},
-        )
-        self.api.root.add_resource("healthz").add_method(
-            "GET", proxy("GET", "/healthz"), api_key_required=True
-        )
+        models = {
+            kind: self.api.add_model(kind.title(), content_type="application/json", schema=schema)
+            for kind, schema in BODY_SCHEMAS.items()
+        }
+        for route in PUBLIC_ROUTES:
+            resource = self.api.root.resource_for_path(route.path)
+            parameters = re.findall(r"{(\w+)}", route.path)
+            integration = apigw.Integration(
+                type=apigw.IntegrationType.HTTP_PROXY,
+                integration_http_method=route.method,
+                uri=f"{base}{route.path}",
+                options=apigw.IntegrationOptions(
+                    **connection,
+                    # a stream's records reach the client as they come, for up to 15 minutes; a
+                    # buffered answer must come whole within 29 s (API Gateway's quotas)
+                    response_transfer_mode=(
+                        apigw.ResponseTransferMode.STREAM
+                        if route.streams
+                        else apigw.ResponseTransferMode.BUFFERED
+                    ),
+                    timeout=STREAM_TIMEOUT if route.streams else BUFFERED_TIMEOUT,
+                    request_parameters={
+                        f"integration.request.path.{name}": f"method.request.path.{name}"
+                        for name in parameters
+                    }
+                    or None,
+                ),
+            )
+            resource.add_method(
+                route.method,
+                integration,
+                api_key_required=True,
+                request_parameters={f"method.request.path.{name}": True for name in parameters} or None,
+                request_validator=validator if route.body or parameters else None,
+                request_models={"application/json": models[route.body]} if route.body else None,
+            )
         acknowledge(
             self.api,
             "AwsSolutions-APIG4",

@@ -1,9 +1,16 @@
-"""The GPU backbone: a VPC, an ECS cluster on EC2 GPU instances (ECS GPU-optimised AMI, one GPU
-per task), the service behind an internal Network Load Balancer with health checks, scaling on
-load. Its task role may invoke only this stage's expert aliases and change their provisioned
-concurrency (re-planning), and read the package. On LocalStack only the VPC (no NAT gateway),
-the security groups and the task role are deployed: the emulator has no ECS, Auto Scaling or
-ELBv2, and ``moeless serve --local`` runs the service on this machine instead.
+"""The GPU backbone: a VPC (with an S3 gateway endpoint: the package never crosses the NAT
+gateway), an ECS cluster on EC2 GPU instances (the Amazon Linux 2023 ECS GPU AMI, one GPU per
+task), the service behind an internal Network Load Balancer with health checks, scaling on load.
+Its task role may invoke only this stage's expert aliases and change their provisioned
+concurrency (re-planning), and read the package.
+
+Start-up (:mod:`moeless_cdk.startup`): a task fetches the backbone and the experts it runs in
+process onto a host volume sized from the plan, so a task replaced on the same instance resumes what
+it had; experts for the fallback come on demand into a bounded cache there.
+
+On LocalStack only the VPC (no NAT gateway), the security groups and the task role are deployed:
+the emulator has no ECS, Auto Scaling or ELBv2, and ``moeless serve --local`` runs the service on
+this machine instead.
 """
 
 from __future__ import annotations
@@ -22,11 +29,10 @@ from moeless_cdk.config import DeployConfig
 from moeless_cdk.images import backbone_image
 from moeless_cdk.nag import acknowledge, nag_form
 from moeless_cdk.profile import left_out
+from moeless_cdk.startup import CACHE_VOLUME, Startup
 
 SERVICE_PORT = 8000
 LISTENER_PORT = 80
-# Loading the backbone (and every expert for the in-process fallback) from S3 takes minutes.
-START_GRACE = Duration.minutes(10)
 
 
 class BackboneStack(Stack):
@@ -52,6 +58,8 @@ class BackboneStack(Stack):
             )
             return
         self.vpc.add_flow_log("FlowLog")
+        self.vpc.add_gateway_endpoint("S3", service=ec2.GatewayVpcEndpointAwsService.S3)
+        self.startup = Startup.of(config)
         self.cluster = ecs.Cluster(
             self, "Cluster", vpc=self.vpc, container_insights_v2=ecs.ContainerInsights.ENABLED
         )
@@ -81,14 +89,21 @@ class BackboneStack(Stack):
             vpc=self.vpc,
             vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
             instance_type=ec2.InstanceType(config.backbone_instance_type),
-            machine_image=ecs.EcsOptimizedImage.amazon_linux2(ecs.AmiHardwareType.GPU),
+            # AL2023's GPU AMI (NVIDIA driver 580: CUDA 12.8 images run); AL2's ends 2026-06-30
+            machine_image=ecs.EcsOptimizedImage.amazon_linux2023(ecs.AmiHardwareType.GPU),
             min_capacity=0,
-            max_capacity=config.backbone_max_tasks,
+            # one instance more than the service's most tasks: a rollout at full scale places its
+            # first new task beside the old ones (the service keeps 100% healthy while it rolls)
+            max_capacity=config.backbone_max_tasks + 1,
             require_imdsv2=True,
             block_devices=[
                 autoscaling.BlockDevice(
                     device_name="/dev/xvda",
-                    volume=autoscaling.BlockDeviceVolume.ebs(200, encrypted=True),
+                    volume=autoscaling.BlockDeviceVolume.ebs(
+                        self.startup.volume_gib,
+                        encrypted=True,
+                        volume_type=autoscaling.EbsDeviceVolumeType.GP3,
+                    ),
                 )
             ],
         )
@@ -119,15 +134,20 @@ class BackboneStack(Stack):
         task = ecs.Ec2TaskDefinition(
             self, "Task", network_mode=ecs.NetworkMode.AWS_VPC, task_role=self.task_role
         )
-        task.add_container(
+        # the cache lives on the instance's volume, not in the container's writable layer: a task
+        # replaced on the same instance finds what its predecessor fetched (checksums decide)
+        task.add_volume(name=CACHE_VOLUME, host=ecs.Host(source_path=self.startup.host_path))
+        container = task.add_container(
             "backbone",
             image=backbone_image(self, config),
             gpu_count=1,
-            memory_reservation_mib=12 * 1024,
+            memory_reservation_mib=self.startup.memory_reservation_mib,
             port_mappings=[ecs.PortMapping(container_port=SERVICE_PORT)],
             environment={
                 E.ARTIFACTS: config.artifacts_uri,
                 E.PLAN: config.plan_uri,
+                E.ARTIFACTS_CACHE: self.startup.container_path,
+                E.FALLBACK_CACHE_BYTES: str(self.startup.fallback_cache_bytes),
                 E.FUNCTION_PREFIX: config.names.function_prefix,
                 E.QUALIFIER: E.ALIAS,
                 E.DEVICE: "cuda",
@@ -140,8 +160,17 @@ class BackboneStack(Stack):
                     "CMD-SHELL",
                     f"python3 -c \"import urllib.request; urllib.request.urlopen('http://127.0.0.1:{SERVICE_PORT}/healthz')\"",
                 ],
-                start_period=START_GRACE,
+                # ECS allows a start period of 0-300 s; retries (1-10) at an interval (5-300 s)
+                # give a start-up of up to start + retries x interval before the task is replaced
+                start_period=self.startup.health_start_period,
+                interval=self.startup.health_interval,
+                retries=self.startup.health_retries,
             ),
+        )
+        container.add_mount_points(
+            ecs.MountPoint(
+                source_volume=CACHE_VOLUME, container_path=self.startup.container_path, read_only=False
+            )
         )
         acknowledge(
             task,
@@ -222,12 +251,20 @@ class BackboneStack(Stack):
                 ecs.CapacityProviderStrategy(capacity_provider=self.capacity.capacity_provider_name, weight=1)
             ],
             circuit_breaker=ecs.DeploymentCircuitBreaker(rollback=True),
-            health_check_grace_period=START_GRACE,
+            health_check_grace_period=self.startup.grace,
             min_healthy_percent=100,
+            max_healthy_percent=200,
         )
         balancer = elbv2.NetworkLoadBalancer(
             self, "Balancer", vpc=self.vpc, internet_facing=False, security_groups=[self.balancer_sg]
         )
+        # API Gateway's VPC link reaches the NLB through PrivateLink; with inbound-rule evaluation
+        # on, that traffic must match the security group by source, which a VPC link's does not:
+        # AWS's guide for private integrations turns it off (the group still limits other callers)
+        # https://docs.aws.amazon.com/apigateway/latest/developerguide/set-up-nlb-for-vpclink-using-console.html
+        cfn_balancer = balancer.node.default_child
+        assert isinstance(cfn_balancer, elbv2.CfnLoadBalancer)
+        cfn_balancer.add_property_override("EnforceSecurityGroupInboundRulesOnPrivateLinkTraffic", "off")
         acknowledge(
             balancer,
             "AwsSolutions-ELB2",

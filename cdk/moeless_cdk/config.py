@@ -10,7 +10,8 @@ Context keys (``cdk.json`` holds the defaults; ``moeless deploy`` and ``-c KEY=V
     moeless:imageTag               deploy images pushed to the Artifacts stack's ECR repositories
                                    under this tag, instead of building them from the Dockerfiles
     moeless:backboneInstanceType   EC2 GPU instance type of the backbone (one GPU per task)
-    moeless:backboneMaxTasks       most backbone tasks (and instances) when scaling on load
+    moeless:backboneMaxTasks       most backbone tasks when scaling on load (instances: one more)
+    moeless:fallbackCacheGiB       experts a backbone task keeps for its in-process fallback (LRU)
     moeless:maxAzs                 availability zones of the VPC
     moeless:throttleRateLimit      API requests per second (usage plan)
     moeless:throttleBurstLimit     API burst (usage plan)
@@ -31,6 +32,7 @@ from typing import Any
 
 from aws_cdk import Aws
 
+from moeless.contracts.environment import EXPERT_TIMEOUT_S
 from moeless.contracts.manifest import Manifest, load_manifest
 from moeless.contracts.plan import Plan, plan_for
 from moeless.deployment.stage import StageNameError, StageNames, check_stage
@@ -57,11 +59,12 @@ class DeployConfig:
     image_tag: str | None = None
     backbone_instance_type: str = "g5.xlarge"
     backbone_max_tasks: int = 2
+    fallback_cache_gib: float = 4.0
     max_azs: int = 2
     throttle_rate_limit: float = 50.0
     throttle_burst_limit: int = 100
     quota_per_day: int = 100_000
-    expert_timeout_s: int = 60
+    expert_timeout_s: int = EXPERT_TIMEOUT_S
     target: Target = Target.AWS
     backbone_url: str | None = None
 
@@ -106,13 +109,18 @@ class DeployConfig:
         """ARN pattern of this stage's expert functions (``suffix``: ``:live`` for their aliases)."""
         return regional_arn("lambda", f"function:{self.names.function_prefix}*{suffix}")
 
+    @cached_property
+    def package_digest(self) -> str:
+        return self.manifest.digest()
+
     @property
     def artifacts_uri(self) -> str:
-        return f"s3://{self.bucket_name}/{self.names.artifacts_prefix}"
+        """This package's folder: a new package is a new folder (and a new function configuration)."""
+        return f"s3://{self.bucket_name}/{self.names.package_prefix(self.package_digest)}"
 
     @property
     def plan_uri(self) -> str:
-        return f"s3://{self.bucket_name}/{self.names.plan_key}"
+        return f"s3://{self.bucket_name}/{self.names.plan_key(self.plan.digest())}"
 
 
 def regional_arn(service: str, resource: str) -> str:
@@ -146,6 +154,7 @@ _CONTEXT_FIELDS: dict[str, tuple[str, Callable[[Any], Any]]] = {
     "moeless:imageTag": ("image_tag", str),
     "moeless:backboneInstanceType": ("backbone_instance_type", str),
     "moeless:backboneMaxTasks": ("backbone_max_tasks", int),
+    "moeless:fallbackCacheGiB": ("fallback_cache_gib", float),
     "moeless:maxAzs": ("max_azs", int),
     "moeless:throttleRateLimit": ("throttle_rate_limit", float),
     "moeless:throttleBurstLimit": ("throttle_burst_limit", int),

@@ -2,8 +2,12 @@
 stacks so that any plan fits CloudFormation's 500 resources per stack.
 
 Each function gets the plan's memory size, its reserved concurrency, and an alias ``live`` on a
-published version, carrying the plan's provisioned concurrency when it gives some (the backbone
-invokes the alias, and re-planning changes its provisioned concurrency). All functions share one
+published version (the backbone invokes the alias). Provisioned concurrency is not declared here:
+``moeless deploy`` allocates it on the aliases after the stacks
+(:func:`moeless.planning.provisioning.allocate_provisioned`), so one allocation that fails is
+reported instead of rolling back every function of the stack; re-planning changes it the same
+way. Each function's configuration names the package's digest (in its S3 location), so a new
+package publishes a new version and moves the alias. All functions share one
 least-privilege role: write their own log groups, read the package's objects. On LocalStack only
 the role and the log groups are deployed (see :mod:`moeless_cdk.profile`).
 """
@@ -91,11 +95,7 @@ class ExpertShard(NestedStack):
             )
             self.functions[spec.name] = function
             self.aliases[spec.name] = lambda_.Alias(
-                self,
-                f"{spec.name}-{ALIAS}",
-                alias_name=ALIAS,
-                version=function.current_version,
-                provisioned_concurrent_executions=spec.provisioned_concurrency or None,
+                self, f"{spec.name}-{ALIAS}", alias_name=ALIAS, version=function.current_version
             )
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from aws_cdk import IgnoreMode
 from aws_cdk import aws_ecr as ecr
+from aws_cdk import aws_ecr_assets as ecr_assets
 from aws_cdk import aws_ecs as ecs
 from aws_cdk import aws_lambda as lambda_
 from constructs import Construct
@@ -25,6 +26,9 @@ from moeless_cdk.config import REPO_ROOT, DeployConfig, DeployConfigError
 EXPERT_DOCKERFILE = "functions/expert/Dockerfile"
 BACKBONE_DOCKERFILE = "backbone_service/Dockerfile"
 BAKED_ARTIFACTS = "functions/expert/artifacts"
+# the functions run on x86_64 and the backbone on x86 GPU instances: an image built on an arm64
+# laptop must still be amd64
+PLATFORM = ecr_assets.Platform.LINUX_AMD64
 _EXPERT_CONTEXT = [
     "*",
     "!moeless",
@@ -71,6 +75,7 @@ class ExpertImages:
                     file=EXPERT_DOCKERFILE,
                     exclude=_EXPERT_CONTEXT,
                     ignore_mode=IgnoreMode.DOCKER,
+                    platform=PLATFORM,
                 )
             return self._shared
         context = self._staged_context()
@@ -80,6 +85,7 @@ class ExpertImages:
             file=EXPERT_DOCKERFILE,
             exclude=["**/__pycache__", f"{BAKED_ARTIFACTS}/experts/*", *hosted],
             ignore_mode=IgnoreMode.DOCKER,
+            platform=PLATFORM,
         )
 
     def _staged_context(self) -> Path:
@@ -114,7 +120,11 @@ def backbone_image(scope: Construct, config: DeployConfig) -> ecs.ContainerImage
             repository(scope, config, "backbone"), tag=config.image_tag
         )
     return ecs.ContainerImage.from_asset(
-        str(REPO_ROOT), file=BACKBONE_DOCKERFILE, exclude=_BACKBONE_CONTEXT, ignore_mode=IgnoreMode.DOCKER
+        str(REPO_ROOT),
+        file=BACKBONE_DOCKERFILE,
+        exclude=_BACKBONE_CONTEXT,
+        ignore_mode=IgnoreMode.DOCKER,
+        platform=PLATFORM,
     )
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from moeless.artifacts.verify import check_file, verify_artifacts
-from moeless.contracts.manifest import MANIFEST_NAME, FileEntry, Manifest, load_manifest
+from moeless.contracts.manifest import MANIFEST_NAME, ExpertEntry, FileEntry, Manifest, load_manifest
 from moeless.errors import ArtifactError
 from moeless.fileio import atomic_path, sha256_file
 
@@ -130,18 +130,29 @@ def download_artifacts(
             raise ArtifactError(f"expert {exc.args[0]} is not in the manifest") from None
     wanted += [FileEntry(e.file, e.bytes, e.sha256) for e in chosen]
     for entry in wanted:
-        if check_file(dest, entry) is None:
-            continue
-        target = dest / entry.file
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with atomic_path(target) as tmp:
-            s3.download_file(bucket, _key(prefix, entry.file), str(tmp))
-            if sha256_file(tmp) != entry.sha256:
-                raise ArtifactError(
-                    f"s3://{bucket}/{_key(prefix, entry.file)} does not match its manifest checksum: "
-                    "refusing it"
-                )
+        download_entry(s3, uri, dest, entry)
     return manifest
+
+
+def download_entry(s3: Any, uri: str, dest: Path, entry: FileEntry | ExpertEntry) -> Path:
+    """Fetch one file of the package at ``uri`` into ``dest`` unless it is there and matches its
+    checksum (a restarted process resumes); returns its path.
+
+    Raises:
+        ArtifactError: the object does not match its manifest checksum (it is not kept).
+    """
+    bucket, prefix = parse_s3_uri(uri)
+    target = Path(dest) / entry.file
+    if check_file(Path(dest), FileEntry(entry.file, entry.bytes, entry.sha256)) is None:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(target) as tmp:
+        s3.download_file(bucket, _key(prefix, entry.file), str(tmp))
+        if sha256_file(tmp) != entry.sha256:
+            raise ArtifactError(
+                f"s3://{bucket}/{_key(prefix, entry.file)} does not match its manifest checksum: refusing it"
+            )
+    return target
 
 
 def download_file(s3: Any, uri: str, dest: Path) -> Path:

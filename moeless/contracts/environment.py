@@ -8,6 +8,8 @@ Backbone service (``backbone_service/main.py``):
 
     MOELESS_ARTIFACTS         the package: a folder, or ``s3://bucket/prefix``
     MOELESS_ARTIFACTS_CACHE   where an S3 package is fetched to
+    MOELESS_FALLBACK_CACHE_BYTES  most bytes of fallback experts kept there and open at once (LRU);
+                              unset: no bound (a package on local disk)
     MOELESS_PLAN              plan.json: a path or ``s3://bucket/key`` (optional)
     MOELESS_FUNCTION_PREFIX   the deployed functions' name prefix (``moeless-STAGE-``)
     MOELESS_LAMBDA_ENDPOINT   a local host's URL; unset on AWS
@@ -41,11 +43,16 @@ KEEP_WARM_PING_S = 240.0
 """Seconds between the backbone's pings of a plan's kept-warm environments (under Lambda's idle
 timeout, which the simulator takes as 300 s), as served and as simulated."""
 
+EXPERT_TIMEOUT_S = 60
+"""The expert functions' timeout: an invoke, and a cold start that goes on into it, finish within
+it (the planner keeps each function's weights loadable in time: ``CostModel.max_cold_start_ms``)."""
+
 DEFAULT_MAX_BATCH = 16
 """Sequences the backbone runs in one engine step."""
 
 ARTIFACTS = "MOELESS_ARTIFACTS"
 ARTIFACTS_CACHE = "MOELESS_ARTIFACTS_CACHE"
+FALLBACK_CACHE_BYTES = "MOELESS_FALLBACK_CACHE_BYTES"
 PLAN = "MOELESS_PLAN"
 FUNCTION_PREFIX = "MOELESS_FUNCTION_PREFIX"
 LAMBDA_ENDPOINT = "MOELESS_LAMBDA_ENDPOINT"

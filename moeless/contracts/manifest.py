@@ -24,6 +24,7 @@ from moeless.errors import ArtifactError
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+DIGEST_CHARS = 16
 
 
 @dataclass
@@ -79,10 +80,28 @@ class Manifest:
         experts = [FileEntry(e.file, e.bytes, e.sha256) for e in self.experts]
         return self.backbone_files() + experts
 
+    def digest(self) -> str:
+        """The package's identity: the sha256 of this manifest's canonical JSON (it lists every
+        file's sha256), shortened.
+
+        A deployment keeps each package under its digest, so a new package never overwrites the
+        files an old one's functions are reading, and a function's or task's configuration that
+        names the digest changes (and rolls) exactly when the package does.
+        """
+        return canonical_digest(self.to_dict())
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         order = ["schema_version", "moeless_version"]
         return {key: data[key] for key in order} | {k: v for k, v in data.items() if k not in order}
+
+
+def canonical_digest(data: Any) -> str:
+    """sha256 of ``data`` as canonical JSON (sorted keys, no spaces), its first hex digits."""
+    import hashlib
+
+    canonical = json.dumps(data, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()[:DIGEST_CHARS]
 
 
 def manifest_from_dict(data: dict[str, Any]) -> Manifest:

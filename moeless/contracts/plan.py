@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from moeless.aws_prices import MB_PER_VCPU
-from moeless.contracts.manifest import Manifest
+from moeless.contracts.manifest import Manifest, canonical_digest
 from moeless.errors import PlanError
 from moeless.fileio import write_json_atomic
 
@@ -147,6 +147,16 @@ class Plan:
                 continue
             targets[key] = [names[k % len(names)] for k in range(max(placement.replicas, len(names)))]
         return targets
+
+    def digest(self) -> str:
+        """The plan's identity (sha256 of its canonical JSON, shortened), as the deployed plan's key."""
+        return canonical_digest(self.to_dict())
+
+    def in_process(self) -> list[tuple[int, int]]:
+        """The experts the backbone runs itself (placed there, or hosted by no function): what a
+        backbone fetches at start. The others it needs only for the fallback, on demand."""
+        targets = self.invoke_targets()
+        return sorted({(p.layer, p.expert) for p in self.experts} - set(targets))
 
     def prefixed(self, prefix: str) -> Plan:
         """This plan with its functions deployed under ``prefix`` (one stage's names in a shared account).

@@ -15,13 +15,15 @@ implement at all (LocalStack's core answers ECR calls with 501) is skipped and r
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from moeless.contracts.environment import ALIAS, EXPERTS, EXPERTS_URI, encode_expert_list
+from moeless.contracts.environment import ALIAS, EXPERT_TIMEOUT_S, EXPERTS, EXPERTS_URI, encode_expert_list
 from moeless.contracts.plan import Plan
+from moeless.contracts.rest import PUBLIC_ROUTES
 from moeless.deployment.stage import StageNames
 
 LAMBDA_ASSUME_ROLE = {
@@ -76,6 +78,7 @@ def mirror_deployment(
     from botocore.exceptions import ClientError
 
     from moeless.artifacts.store import upload_artifacts
+    from moeless.contracts.manifest import load_manifest
 
     def client(service: str) -> Any:
         return session.client(service, endpoint_url=endpoint_url)
@@ -85,7 +88,7 @@ def mirror_deployment(
     names = StageNames(stage)
     deployed = plan.prefixed(names.function_prefix)
     report = MirrorReport(bucket=names.bucket(account, region))
-    artifacts_uri = f"s3://{report.bucket}/{names.artifacts_prefix}"
+    artifacts_uri = f"s3://{report.bucket}/{names.package_prefix(load_manifest(artifacts).digest())}"
 
     say(f"emulator: bucket {report.bucket} and the package")
     s3 = client("s3")
@@ -99,7 +102,9 @@ def mirror_deployment(
             raise
     s3.put_bucket_versioning(Bucket=report.bucket, VersioningConfiguration={"Status": "Enabled"})
     upload_artifacts(s3, artifacts, artifacts_uri)
-    s3.put_object(Bucket=report.bucket, Key=names.plan_key, Body=json.dumps(plan.to_dict()).encode())
+    s3.put_object(
+        Bucket=report.bucket, Key=names.plan_key(plan.digest()), Body=json.dumps(plan.to_dict()).encode()
+    )
 
     ecr = client("ecr")
     for image in ("expert", "backbone"):
@@ -164,7 +169,7 @@ def _function(lam: Any, spec: Any, role_arn: str, image_uri: str, artifacts_uri:
             PackageType="Image",
             Code={"ImageUri": image_uri},
             MemorySize=spec.memory_mb,
-            Timeout=60,
+            Timeout=EXPERT_TIMEOUT_S,
             Environment=environment,
         )
     except ClientError as exc:
@@ -203,18 +208,27 @@ def _rest_api(apigw: Any, names: StageNames, backbone_url: str) -> tuple[str, st
             )["id"]
         return resources[path]
 
-    for method, path in (("POST", "/v1/completions"), ("GET", "/healthz")):
-        rid = resource(path)
+    for route in PUBLIC_ROUTES:
+        rid = resource(route.path)
+        parameters = re.findall(r"{(\w+)}", route.path)
         apigw.put_method(
-            restApiId=api_id, resourceId=rid, httpMethod=method, authorizationType="NONE", apiKeyRequired=True
+            restApiId=api_id,
+            resourceId=rid,
+            httpMethod=route.method,
+            authorizationType="NONE",
+            apiKeyRequired=True,
+            requestParameters={f"method.request.path.{name}": True for name in parameters},
         )
         apigw.put_integration(
             restApiId=api_id,
             resourceId=rid,
-            httpMethod=method,
+            httpMethod=route.method,
             type="HTTP_PROXY",
-            integrationHttpMethod=method,
-            uri=f"{backbone_url.rstrip('/')}{path}",
+            integrationHttpMethod=route.method,
+            uri=f"{backbone_url.rstrip('/')}{route.path}",
+            requestParameters={
+                f"integration.request.path.{name}": f"method.request.path.{name}" for name in parameters
+            },
         )
     apigw.create_deployment(restApiId=api_id, stageName=stage)
     keys = [k for k in apigw.get_api_keys(nameQuery=name, includeValues=True)["items"] if k["name"] == name]

@@ -1,11 +1,15 @@
 """``moeless deploy``/``destroy``: drive the CDK app in ``cdk/`` and put the package where it reads it.
 
-The order of a deploy: (1) the Artifacts stack (bucket, ECR), (2) the package and plan uploaded
-to it (unchanged files skipped, so a re-run after an interruption resumes), (3) every stack,
-(4) the endpoint and the API key's value read back. The CDK CLI runs as a subprocess (the
-pinned one in ``cdk/node_modules``); ``runner`` lets tests stand in for it. ``synthesize`` needs
-neither the CLI nor credentials nor Docker: it runs the app the way the CLI does, with
-``CDK_OUTDIR`` and ``CDK_CONTEXT_JSON``.
+The order of a deploy: (1) the account's quotas checked against the plan
+(:mod:`moeless.deployment.preflight`), (2) the Artifacts stack (bucket, ECR), (3) the package
+uploaded under its digest and the plan under its own (unchanged files skipped, so a re-run after an
+interruption resumes; a new package is a new folder, so functions still reading the old one never
+see it half-replaced), (4) every stack, (5) provisioned concurrency allocated through the Lambda API
+(a failed allocation is reported, not rolled back), (6) the API key's value read back.
+
+The CDK CLI runs as a subprocess (the pinned one in ``cdk/node_modules``); ``runner`` lets tests
+stand in for it. ``synthesize`` needs neither the CLI nor credentials nor Docker: it runs the app
+the way the CLI does, with ``CDK_OUTDIR`` and ``CDK_CONTEXT_JSON``.
 """
 
 from __future__ import annotations
@@ -19,9 +23,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from moeless.aws_limits import MAX_FUNCTION_MEMORY_MB
 from moeless.checkout import CDK_APP_DIR
+from moeless.deployment.preflight import (
+    AccountFit,
+    check_account,
+    require_fit,
+    slow_functions,
+)
+from moeless.deployment.retained import remove_retained, retained_resources
 from moeless.deployment.stage import StageNames
 from moeless.errors import MoelessError
+from moeless.planning.provisioning import Allocation
 
 NODE_ENV = {"JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20", "CDK_DISABLE_VERSION_CHECK": "1"}
 
@@ -63,6 +76,12 @@ class DeployResult:
     endpoint: str
     api_key: str
     outputs: dict[str, dict[str, str]]
+    allocations: list[Allocation] = field(default_factory=list)
+
+    @property
+    def unallocated(self) -> list[Allocation]:
+        """Functions whose provisioned concurrency is not ready (they serve on demand meanwhile)."""
+        return [a for a in self.allocations if a.status != "READY"]
 
 
 def _cdk_json(cdk_dir: Path) -> dict[str, Any]:
@@ -117,21 +136,55 @@ def _run_cdk(request: DeployRequest, command: list[str], runner: Runner, step: s
         )
 
 
+def check(
+    request: DeployRequest, session: Any, max_function_memory_mb: int = MAX_FUNCTION_MEMORY_MB
+) -> AccountFit:
+    """The account's fit for the plan (``deploy --check``); also refuses a stage whose retained
+    bucket or repositories were left by a ``cdk destroy`` (CloudFormation cannot create them again)."""
+    from moeless.contracts.manifest import load_manifest
+    from moeless.contracts.plan import plan_for
+
+    manifest = load_manifest(request.artifacts)
+    plan = plan_for(manifest, request.plan)
+    if request.context.get("moeless:expertCode", "s3") == "s3" and (slow := slow_functions(plan, manifest)):
+        raise DeployError(
+            f"{len(slow)} function(s) cannot cold-start in time, e.g. {slow[0]}; re-plan with more "
+            "functions (more --workers), or bake the experts into the images (--expert-code image)"
+        )
+    if leftovers := retained_resources(session, request.names):
+        raise DeployError(
+            f"stage {request.stage} has no stacks but its {', '.join(leftovers)} remain (a `cdk destroy` "
+            f"keeps them): run `moeless destroy {request.artifacts} --stage {request.stage}` to remove "
+            "them, or deploy under another --stage"
+        )
+    return check_account(
+        session.client("lambda"), plan, request.names.function_prefix, max_function_memory_mb
+    )
+
+
 def deploy(
     request: DeployRequest,
     session: Any,
     runner: Runner = subprocess.run,
     say: Callable[[str], None] = print,
+    max_function_memory_mb: int = MAX_FUNCTION_MEMORY_MB,
 ) -> DeployResult:
     """Deploy the stacks and the package; ``session`` is a boto3 Session for the same account."""
     from moeless.artifacts.store import upload_artifacts
     from moeless.contracts.manifest import load_manifest
     from moeless.contracts.plan import plan_for
+    from moeless.planning.provisioning import allocate_provisioned
 
-    plan = plan_for(load_manifest(request.artifacts), request.plan)  # refuse a bad plan before any cloud call
+    manifest = load_manifest(request.artifacts)
+    plan = plan_for(manifest, request.plan)  # refuse a bad plan before any cloud call
+    names = request.names
+    say("[1/6] checking the account's Lambda quotas...")
+    fit = check(request, session, max_function_memory_mb)
+    say(f"      {fit.summary()}")
+    require_fit(fit)
     outputs_file = request.cdk_dir / "cdk.out" / f"outputs-{request.stage}.json"
-    artifacts_stack = f"{request.names.stack_prefix}-Artifacts"
-    say(f"[1/4] deploying {artifacts_stack} (bucket, image repositories)...")
+    artifacts_stack = f"{names.stack_prefix}-Artifacts"
+    say(f"[2/6] deploying {artifacts_stack} (bucket, image repositories)...")
     _run_cdk(
         request,
         cdk_command(
@@ -148,13 +201,13 @@ def deploy(
     )
     outputs = _outputs(outputs_file)
     bucket = outputs[artifacts_stack]["BucketName"]
-    names = request.names
-    say(f"[2/4] uploading the package to s3://{bucket}/{names.artifacts_prefix}/ ...")
+    package = names.package_prefix(manifest.digest())
+    say(f"[3/6] uploading the package to s3://{bucket}/{package}/ ...")
     s3 = session.client("s3")
-    report = upload_artifacts(s3, request.artifacts, f"s3://{bucket}/{names.artifacts_prefix}", progress=True)
-    s3.put_object(Bucket=bucket, Key=names.plan_key, Body=json.dumps(plan.to_dict()).encode())
+    report = upload_artifacts(s3, request.artifacts, f"s3://{bucket}/{package}", progress=True)
+    s3.put_object(Bucket=bucket, Key=names.plan_key(plan.digest()), Body=json.dumps(plan.to_dict()).encode())
     say(f"      {report}, and the plan ({len(plan.functions)} functions)")
-    say("[3/4] deploying the expert functions, the backbone and the API (images build here)...")
+    say("[4/6] deploying the expert functions, the backbone and the API (images build here)...")
     _run_cdk(
         request,
         cdk_command(
@@ -164,15 +217,34 @@ def deploy(
         "deploying the stacks",
     )
     outputs = _outputs(outputs_file)
-    api = outputs[f"{request.names.stack_prefix}-Api"]
-    say("[4/4] reading the API key...")
+    wanted = sum(spec.provisioned_concurrency for spec in plan.functions)
+    allocations = []
+    if request.context.get("moeless:target") == "localstack":
+        say("[5/6] provisioned concurrency: none (the LocalStack profile deploys no functions)")
+    else:
+        say(f"[5/6] allocating provisioned concurrency ({wanted} environments)...")
+        allocations = allocate_provisioned(session.client("lambda"), plan.prefixed(names.function_prefix))
+    for allocation in allocations:
+        if allocation.status != "READY":
+            say(f"      not ready: {allocation}")
+    api = outputs[f"{names.stack_prefix}-Api"]
+    say("[6/6] reading the API key...")
     key = session.client("apigateway").get_api_key(apiKey=api["ApiKeyId"], includeValue=True)["value"]
-    return DeployResult(api["Endpoint"], key, outputs)
+    return DeployResult(api["Endpoint"], key, outputs, allocations)
 
 
-def destroy(request: DeployRequest, runner: Runner = subprocess.run) -> None:
-    """Delete every stack of the stage; the bucket and image repositories are kept (they hold data)."""
+def destroy(
+    request: DeployRequest,
+    session: Any,
+    runner: Runner = subprocess.run,
+    keep_data: bool = False,
+) -> list[str]:
+    """Delete every stack of the stage, then (unless ``keep_data``) the bucket and image repositories
+    the stacks retain, so that the stage can be deployed again; returns what was removed."""
     _run_cdk(request, cdk_command(request, "destroy", ["--all"], "--force"), runner, "destroying the stacks")
+    if keep_data:
+        return []
+    return remove_retained(session, request.names)
 
 
 def _outputs(path: Path) -> dict[str, dict[str, str]]:

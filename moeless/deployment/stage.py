@@ -58,12 +58,16 @@ class StageNames:
 
     @property
     def artifacts_prefix(self) -> str:
-        """S3 key prefix of the package in the artifacts bucket."""
+        """S3 key prefix of the stage's packages in the artifacts bucket (one folder per package)."""
         return f"{self.stage}/artifacts"
 
-    @property
-    def plan_key(self) -> str:
-        return f"{self.stage}/plan.json"
+    def package_prefix(self, digest: str) -> str:
+        """Where the package of :func:`~moeless.contracts.manifest.package_digest` ``digest`` lives."""
+        return f"{self.artifacts_prefix}/{digest}"
+
+    def plan_key(self, digest: str) -> str:
+        """Where the plan of :meth:`~moeless.contracts.plan.Plan.digest` ``digest`` lives."""
+        return f"{self.stage}/plans/{digest}.json"
 
     def bucket(self, account: str, region: str) -> str:
         """The artifacts bucket (bucket names are global: account and region make it unique)."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,12 +25,19 @@ from typing import IO, Any
 import numpy as np
 
 from moeless.artifacts.verify import read_verified
+from moeless.aws_limits import DEFAULT_LIMITS
 from moeless.contracts.environment import EXPERTS, EXPERTS_URI, THREADS, parse_expert_list
 from moeless.contracts.manifest import ExpertEntry, Manifest, load_manifest
 from moeless.contracts.payload import MAX_PAYLOAD_BYTES, PayloadError, decode_request, encode_matrix
 from moeless.errors import ArtifactError
 
 DEFAULT_CACHE = Path("/tmp/moeless-experts")
+ON_DEMAND_INIT_WAIT_S = DEFAULT_LIMITS.on_demand_init_s - 1.0
+"""How long an on-demand init waits for the experts. Lambda limits that init to 10 s and, beyond
+it, runs init again inside the first invoke (:class:`moeless.aws_limits.LambdaLimits`): a load
+that takes longer goes on past init instead, in a thread, and the first invoke waits for it under
+the function's timeout, so no init is thrown away. A provisioned environment's init may take 130 s
+or the timeout, whichever is longer, and loads in full."""
 
 
 def _fetch_from_s3(uri: str, experts: list[tuple[int, int]] | None, cache_dir: Path) -> Path:
@@ -73,25 +81,54 @@ class ExpertFunction:
         report_init: bool = True,
         cache_dir: Path = DEFAULT_CACHE,
         log_stream: IO[str] | None = None,
+        init_wait_s: float | None = None,
     ) -> None:
+        self._started = time.perf_counter()
+        self._loaded = threading.Event()
+        self._load_error: BaseException | None = None
+        self.sessions: dict[tuple[int, int], Any] = {}
+        self.init_ms = 0.0
+        self._report_init = report_init
+        self._pending_init_ms = 0.0
+        self.log_stream = log_stream or sys.stdout
+        loader = threading.Thread(
+            target=self._load, args=(source, experts, threads, cache_dir), name="load-experts", daemon=True
+        )
+        loader.start()
+        loader.join(init_wait_s)
+        if self._loaded.is_set() and self._load_error is not None:
+            raise self._load_error
+
+    def _load(
+        self, source: str, experts: list[tuple[int, int]] | None, threads: int | None, cache_dir: Path
+    ) -> None:
+        """Fetch (from S3) and open the hosted experts; the first invoke waits for this to end."""
         import onnxruntime as ort
 
         from moeless.experts.session import session_options
 
-        started = time.perf_counter()
-        root = _fetch_from_s3(source, experts, cache_dir) if source.startswith("s3://") else Path(source)
-        self.manifest = load_manifest(root)
-        self.hidden = self.manifest.hidden_size
-        options = session_options(threads or os.cpu_count() or 1)
-        self.sessions: dict[tuple[int, int], Any] = {}
-        for entry in _hosted_entries(self.manifest, experts):
-            data = read_verified(root, entry)
-            self.sessions[(entry.layer, entry.expert)] = ort.InferenceSession(
-                data, options, providers=["CPUExecutionProvider"]
-            )
-        self.init_ms = (time.perf_counter() - started) * 1e3
-        self._pending_init_ms = self.init_ms if report_init else 0.0
-        self.log_stream = log_stream or sys.stdout
+        try:
+            root = _fetch_from_s3(source, experts, cache_dir) if source.startswith("s3://") else Path(source)
+            self.manifest = load_manifest(root)
+            self.hidden = self.manifest.hidden_size
+            options = session_options(threads or os.cpu_count() or 1)
+            for entry in _hosted_entries(self.manifest, experts):
+                data = read_verified(root, entry)
+                self.sessions[(entry.layer, entry.expert)] = ort.InferenceSession(
+                    data, options, providers=["CPUExecutionProvider"]
+                )
+            self.init_ms = (time.perf_counter() - self._started) * 1e3
+            self._pending_init_ms = self.init_ms if self._report_init else 0.0
+        except BaseException as exc:  # handed to init, or to the invoke that waits for the load
+            self._load_error = exc
+        finally:
+            self._loaded.set()
+
+    def _ready(self) -> None:
+        """Wait for the experts (a load that outlived init goes on into the first invoke)."""
+        self._loaded.wait()
+        if self._load_error is not None:
+            raise self._load_error
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> ExpertFunction:
@@ -100,15 +137,18 @@ class ExpertFunction:
         if not source:
             raise ArtifactError("MOELESS_EXPERTS_URI is not set: where are this function's experts?")
         threads = int(env[THREADS]) if env.get(THREADS) else None
+        on_demand = env.get("AWS_LAMBDA_INITIALIZATION_TYPE", "on-demand") == "on-demand"
         return cls(
             source,
             parse_expert_list(env.get(EXPERTS, "")) or None,
             threads,
             report_init=env.get("AWS_LAMBDA_INITIALIZATION_TYPE") != "provisioned-concurrency",
+            init_wait_s=ON_DEMAND_INIT_WAIT_S if on_demand else None,
         )
 
     def invoke(self, event: Any, request_id: str = "") -> dict[str, Any]:
         """Run one request; never raises for bad input (returns ``{"error": ...}`` instead)."""
+        self._ready()
         try:
             reply = self._run(event)
         except PayloadError as exc:

@@ -8,13 +8,14 @@ rows of each needed expert of a layer, and gets their outputs back. In-process o
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from moeless.artifacts.verify import check_file, read_verified
-from moeless.contracts.manifest import Manifest, load_manifest
+from moeless.contracts.manifest import ExpertEntry, FileEntry, Manifest, load_manifest
 from moeless.errors import ArtifactError
 from moeless.experts.session import session_options
 
@@ -35,32 +36,81 @@ class OnnxExpertPool:
 
     Each file's sha256 is checked against the manifest before its session is created, so a
     tampered artifact is refused at load, never run.
+
+    For a backbone whose package is in S3, experts it runs only when a function fails need not be
+    on disk: with ``source`` (``s3://bucket/prefix``) a missing one is fetched when first needed,
+    and with ``budget_bytes`` the experts not ``pinned`` (the plan's in-process ones) are kept
+    least recently used first within that many bytes, their sessions and files both dropped when
+    they fall out: a burst of fallbacks cannot exhaust the host's memory or disk.
     """
 
-    def __init__(self, artifacts_dir: Path, manifest: Manifest | None = None, threads: int = 1) -> None:
+    def __init__(
+        self,
+        artifacts_dir: Path,
+        manifest: Manifest | None = None,
+        threads: int = 1,
+        source: str | None = None,
+        budget_bytes: int | None = None,
+        pinned: frozenset[tuple[int, int]] = frozenset(),
+    ) -> None:
         self.artifacts_dir = Path(artifacts_dir)
         self.manifest = manifest or load_manifest(self.artifacts_dir)
         self.threads = threads
-        self._sessions: dict[tuple[int, int], Any] = {}
+        self.source = source
+        self.budget_bytes = budget_bytes
+        self.pinned = pinned
+        self._sessions: OrderedDict[tuple[int, int], Any] = OrderedDict()
         self._lock = threading.Lock()
+        self.fetched = 0  # experts fetched on demand
+        self.evicted = 0  # experts dropped to stay within the budget
 
     def session(self, layer: int, expert: int) -> Any:
         """The onnxruntime session of one expert (checksum-verified on first use)."""
         key = (layer, expert)
         with self._lock:
-            if key not in self._sessions:
-                self._sessions[key] = self._open(layer, expert)
-            return self._sessions[key]
+            if key in self._sessions:
+                self._sessions.move_to_end(key)
+                return self._sessions[key]
+            session = self._sessions[key] = self._open(layer, expert)
+            self._evict(keep=key)
+            return session
+
+    def cached_bytes(self) -> int:
+        """Bytes of the open experts that count against the budget (not pinned)."""
+        return sum(self._entry(*key).bytes for key in self._sessions if key not in self.pinned)
+
+    def _entry(self, layer: int, expert: int) -> ExpertEntry:
+        try:
+            return self.manifest.expert(layer, expert)
+        except KeyError:
+            raise ArtifactError(f"layer {layer} expert {expert} is not in the manifest") from None
 
     def _open(self, layer: int, expert: int) -> Any:
         import onnxruntime as ort
 
-        try:
-            entry = self.manifest.expert(layer, expert)
-        except KeyError:
-            raise ArtifactError(f"layer {layer} expert {expert} is not in the manifest") from None
+        entry = self._entry(layer, expert)
+        on_disk = FileEntry(entry.file, entry.bytes, entry.sha256)
+        if self.source is not None and check_file(self.artifacts_dir, on_disk) is not None:
+            import boto3
+
+            from moeless.artifacts.store import download_entry
+
+            download_entry(boto3.client("s3"), self.source, self.artifacts_dir, entry)
+            self.fetched += 1
         data = read_verified(self.artifacts_dir, entry)
         return ort.InferenceSession(data, session_options(self.threads), providers=["CPUExecutionProvider"])
+
+    def _evict(self, keep: tuple[int, int]) -> None:
+        """Drop the least recently used unpinned experts (not ``keep``) until within the budget."""
+        if self.budget_bytes is None:
+            return
+        for key in [k for k in self._sessions if k not in self.pinned and k != keep]:
+            if self.cached_bytes() <= self.budget_bytes:
+                return
+            del self._sessions[key]
+            if self.source is not None:  # a cache of the package in S3, never the package itself
+                (self.artifacts_dir / self._entry(*key).file).unlink(missing_ok=True)
+            self.evicted += 1
 
     def run(self, layer: int, inputs: dict[int, np.ndarray]) -> dict[int, np.ndarray]:
         return {

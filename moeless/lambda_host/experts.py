@@ -6,6 +6,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from moeless.aws_limits import DEFAULT_LIMITS, LambdaLimits
 from moeless.aws_prices import vcpus_for_memory
 from moeless.contracts.environment import ALIAS, EXPERTS, EXPERTS_URI, THREADS, encode_expert_list
 from moeless.contracts.plan import Plan
@@ -58,11 +59,13 @@ def start_expert_host(
     timeout_s: float = 30.0,
     log_dir: Path | None = None,
     on_progress: Callable[[str], None] = lambda message: None,
+    limits: LambdaLimits = DEFAULT_LIMITS,
 ) -> LambdaHost:
     """Start a local host with the plan's expert functions, and apply the plan's concurrency.
 
     Reserved and provisioned concurrency go through the Lambda API (boto3), as they would on AWS;
-    this returns once every provisioned instance is initialised.
+    this returns once every provisioned instance is initialised (the host fails those whose init
+    overruns ``limits``' provisioned init limit).
 
     Raises:
         LambdaHostError: the port is taken, or provisioned instances failed to initialise.
@@ -72,7 +75,7 @@ def start_expert_host(
 
     configs = expert_function_configs(artifacts, plan, task_root, timeout_s=timeout_s)
     try:
-        host = LambdaHost(configs, port, max_instances, idle_timeout_s, log_dir).start()
+        host = LambdaHost(configs, port, max_instances, idle_timeout_s, log_dir, limits, alias).start()
     except OSError as exc:
         raise LambdaHostError(f"cannot listen on 127.0.0.1:{port}: {exc.strerror}") from None
     try:
@@ -80,12 +83,8 @@ def start_expert_host(
         provisioned = sum(spec.provisioned_concurrency for spec in plan.functions)
         if provisioned:
             on_progress(f"initialising {provisioned} provisioned instance(s)...")
-            status = host.wait_provisioned(timeout_s=max(120.0, timeout_s))
-            failed = {
-                name: s.get("StatusReason", s["Status"])
-                for name, s in status.items()
-                if s["Status"] != "READY"
-            }
+            # each init is failed at its limit, counted from its spawn (before this wait)
+            failed = host.wait_provisioned(timeout_s=limits.provisioned_init_limit_s(timeout_s) + 5.0)
             if failed:
                 raise LambdaHostError(f"provisioned concurrency did not become ready: {failed}")
     except BaseException:

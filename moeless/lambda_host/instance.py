@@ -23,17 +23,11 @@ from pathlib import Path
 from typing import IO
 
 from moeless.lambda_host.httpserver import JsonHandler, LocalHTTPServer
+from moeless.lambda_host.versions import LATEST, PUBLISHED_VERSION, REGION, function_arn
 
 RUNTIME_PREFIX = "/2018-06-01/runtime"
-ACCOUNT_ID = "000000000000"
-REGION = "us-east-1"
 # what a Lambda sandbox passes through from the host environment
 PASSED_THROUGH = ("PATH", "HOME", "LANG", "LC_ALL", "TMPDIR", "SYSTEMROOT")
-
-
-def function_arn(name: str, qualifier: str | None = None) -> str:
-    arn = f"arn:aws:lambda:{REGION}:{ACCOUNT_ID}:function:{name}"
-    return f"{arn}:{qualifier}" if qualifier else arn
 
 
 @dataclass
@@ -65,10 +59,15 @@ class FunctionConfig:
 
 @dataclass
 class Invocation:
-    """One request on its way through an instance; ``done`` is set once ``body`` is final."""
+    """One request on its way through an instance; ``done`` is set once ``body`` is final.
+
+    ``qualifier`` is what the caller invoked (it names the ARN the handler sees), ``version`` what
+    that runs (the START line's and ``X-Amz-Executed-Version``'s version).
+    """
 
     payload: bytes
     qualifier: str
+    version: str
     request_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     body: bytes = b""
     function_error: str | None = None
@@ -161,7 +160,7 @@ class Instance:
             "AWS_LAMBDA_RUNTIME_API": self.runtime_api,
             "AWS_LAMBDA_FUNCTION_NAME": config.name,
             "AWS_LAMBDA_FUNCTION_MEMORY_SIZE": str(config.memory_mb),
-            "AWS_LAMBDA_FUNCTION_VERSION": "$LATEST",
+            "AWS_LAMBDA_FUNCTION_VERSION": PUBLISHED_VERSION if self.provisioned else LATEST,
             "AWS_LAMBDA_INITIALIZATION_TYPE": "provisioned-concurrency" if self.provisioned else "on-demand",
             "AWS_LAMBDA_LOG_GROUP_NAME": f"/aws/lambda/{config.name}",
             "AWS_LAMBDA_LOG_STREAM_NAME": self.id,
@@ -194,7 +193,19 @@ class Instance:
             self.current = invocation
             if self.state == "initializing":
                 self.state = "initializing-busy"
-        self._mailbox.put(invocation)
+            self._mailbox.put(invocation)
+        return True
+
+    def release(self, invocation: Invocation) -> bool:
+        """Take back an invocation whose runtime has not asked for it yet (its init overran), and
+        retire the instance; ``False`` once the runtime has it."""
+        with self._lock:
+            if self.current is not invocation or self.state != "initializing-busy":
+                return False
+            self.current = None
+            self.state = "initializing"
+            self.retire_when_idle = True
+            self._mailbox = queue.SimpleQueue()  # the invocation must never reach this runtime
         return True
 
     def kill(self, reply: bytes | None = None) -> None:
@@ -245,7 +256,7 @@ class Instance:
         if first and not self.provisioned:
             invocation.init_ms = self.init_ms
         invocation.log_offset = self.write_log(
-            f"START RequestId: {invocation.request_id} Version: {invocation.qualifier}\n"
+            f"START RequestId: {invocation.request_id} Version: {invocation.version}\n"
         )
         invocation.handed_at = time.perf_counter()
         invocation.delivered.set()

@@ -2,9 +2,11 @@
 
 Implemented operations (paths and shapes from botocore's Lambda service model): Invoke
 (RequestResponse, Event, DryRun; LogType Tail), Put/Get/Delete/ListProvisionedConcurrencyConfig(s),
-Put/Get/DeleteFunctionConcurrency, GetFunction, GetFunctionConfiguration, ListFunctions.
-Errors carry ``x-amzn-ErrorType`` so botocore raises the matching exception class, and a body
-``{"Type", "Message"}`` spelt as Lambda spells it.
+Put/Get/DeleteFunctionConcurrency, GetFunction, GetFunctionConfiguration, ListFunctions,
+ListVersionsByFunction, ListAliases, GetAlias, GetAccountSettings. Errors carry ``x-amzn-ErrorType``
+so botocore raises the matching exception class, and a body ``{"Type", "Message"}`` spelt as Lambda
+spells it; the host's own errors (no such function or qualifier, a refused concurrency setting, a
+throttle) become Lambda's in one place, :meth:`_ApiHandler._dispatch`.
 
 Two paths are the host's own: ``GET /moeless/meter`` (the bill so far) and ``GET /moeless/instances``.
 """
@@ -21,15 +23,25 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from moeless.lambda_host.account import ConcurrencyRefused
 from moeless.lambda_host.httpserver import JsonHandler, LocalHTTPServer
-from moeless.lambda_host.instance import error_body, function_arn
+from moeless.lambda_host.instance import error_body
 from moeless.lambda_host.meter import BillingMeter
 from moeless.lambda_host.pool import FunctionNotFound, FunctionPool, Throttled
+from moeless.lambda_host.shapes import alias_configuration, function_configuration
+from moeless.lambda_host.versions import (
+    LATEST,
+    PUBLISHED_VERSION,
+    QualifierNotFound,
+    Qualifiers,
+    function_arn,
+)
 
 # Lambda's synchronous payload limits (request and response), in bytes
 MAX_REQUEST_BYTES = 6 * 1024 * 1024
 MAX_RESPONSE_BYTES = 6 * 1024 * 1024 + 100
-LATEST = "$LATEST"
+
+Answer = tuple[int, bytes, dict[str, str]]
 
 _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
     (method, re.compile(f"^{pattern}$"), action)
@@ -44,6 +56,10 @@ _ROUTES: list[tuple[str, re.Pattern[str], str]] = [
         ("GET", r"/2015-03-31/functions/?", "list_functions"),
         ("GET", r"/2015-03-31/functions/(?P<name>[^/]+)", "get_function"),
         ("GET", r"/2015-03-31/functions/(?P<name>[^/]+)/configuration", "get_configuration"),
+        ("GET", r"/2015-03-31/functions/(?P<name>[^/]+)/versions", "list_versions"),
+        ("GET", r"/2015-03-31/functions/(?P<name>[^/]+)/aliases", "list_aliases"),
+        ("GET", r"/2015-03-31/functions/(?P<name>[^/]+)/aliases/(?P<alias>[^/]+)", "get_alias"),
+        ("GET", r"/2016-08-19/account-settings/?", "account_settings"),
         ("GET", r"/moeless/meter", "meter"),
         ("GET", r"/moeless/instances", "instances"),
     ]
@@ -60,7 +76,8 @@ class LambdaApiError(Exception):
 
 class HostedFunctions(Protocol):
     """What the API serves (a :class:`~moeless.lambda_host.host.LambdaHost`): its functions by
-    name, their bill, and a description of every instance."""
+    name and their qualifiers, the account's concurrency settings, the bill, and a description of
+    every instance."""
 
     @property
     def pools(self) -> Mapping[str, FunctionPool]: ...
@@ -68,7 +85,16 @@ class HostedFunctions(Protocol):
     @property
     def meter(self) -> BillingMeter: ...
 
+    @property
+    def qualifiers(self) -> Qualifiers: ...
+
     def pool(self, name: str) -> FunctionPool: ...
+
+    def set_reserved(self, name: str, count: int | None) -> None: ...
+
+    def set_provisioned(self, name: str, qualifier: str, count: int) -> dict[str, Any]: ...
+
+    def account_settings(self) -> dict[str, Any]: ...
 
     def describe(self) -> dict[str, Any]: ...
 
@@ -83,6 +109,52 @@ def serve(host: HostedFunctions, port: int = 0) -> LocalHTTPServer:
     server.host = host
     threading.Thread(target=server.serve_forever, name="lambda-api", daemon=True).start()
     return server
+
+
+def _as_api_error(exc: Exception, function: str) -> LambdaApiError | None:
+    """Lambda's answer to one of the host's own errors (``None``: not one of them)."""
+    if isinstance(exc, FunctionNotFound):
+        message = f"Function not found: {function_arn(function)}"
+        return LambdaApiError(404, "ResourceNotFoundException", message)
+    if isinstance(exc, QualifierNotFound):
+        return LambdaApiError(404, "ResourceNotFoundException", str(exc))
+    if isinstance(exc, ConcurrencyRefused):
+        return LambdaApiError(400, "InvalidParameterValueException", str(exc))
+    if isinstance(exc, Throttled):
+        return LambdaApiError(429, "TooManyRequestsException", str(exc), Reason=exc.reason)
+    return None
+
+
+def _json(body: bytes) -> dict[str, Any]:
+    try:
+        value = json.loads(body or b"{}")
+    except ValueError:
+        raise LambdaApiError(
+            400, "InvalidRequestContentException", "could not parse the request body as JSON"
+        ) from None
+    if not isinstance(value, dict):
+        raise LambdaApiError(400, "InvalidParameterValueException", "the request body must be a JSON object")
+    return value
+
+
+def _bare(name: str) -> str:
+    """The function's name in a plain name, ``name:qualifier``, or an ARN."""
+    return name.rsplit(":function:", 1)[-1].split(":", 1)[0]
+
+
+def _asked_qualifier(name: str, query: dict[str, str]) -> str | None:
+    """``Qualifier`` from the query, or from ``name:qualifier`` / a qualified ARN (``None``: none)."""
+    bare = name.rsplit(":function:", 1)[-1]
+    return query.get("Qualifier") or (bare.split(":", 1)[1] if ":" in bare else None)
+
+
+def _qualifier(name: str, query: dict[str, str]) -> str:
+    """The qualifier asked for, ``$LATEST`` when none was."""
+    return _asked_qualifier(name, query) or LATEST
+
+
+def _reply(value: Any, status: int = 200) -> Answer:
+    return status, json.dumps(value).encode(), {}
 
 
 class _ApiHandler(JsonHandler):
@@ -117,7 +189,13 @@ class _ApiHandler(JsonHandler):
                 match = pattern.match(url.path)
                 if match and route_method == method:
                     params = {k: unquote(v) for k, v in match.groupdict().items()}
-                    status, payload, headers = getattr(self, f"_{action}")(body, query, **params)
+                    try:
+                        status, payload, headers = getattr(self, f"_{action}")(body, query, **params)
+                    except Exception as exc:
+                        error = _as_api_error(exc, _bare(params.get("name", "")))
+                        if error is None:
+                            raise
+                        raise error from None
                     break
             else:
                 raise LambdaApiError(404, "UnknownOperationException", f"no operation at {method} {url.path}")
@@ -128,39 +206,19 @@ class _ApiHandler(JsonHandler):
             payload = json.dumps({"Type": "User", "Message": str(exc), **exc.extra}).encode()
         self.send_json(status, payload, headers | {"x-amzn-RequestId": request_id})
 
-    def _pool(self, name: str) -> Any:
-        try:
-            return self.server.host.pool(name)
-        except FunctionNotFound:
-            raise LambdaApiError(
-                404, "ResourceNotFoundException", f"Function not found: {function_arn(name)}"
-            ) from None
+    @property
+    def _host(self) -> HostedFunctions:
+        return self.server.host
 
-    @staticmethod
-    def _qualifier(name: str, query: dict[str, str]) -> str:
-        """``Qualifier`` from the query, or from ``name:qualifier`` / a qualified ARN."""
-        bare = name.rsplit(":function:", 1)[-1]
-        return query.get("Qualifier") or (bare.split(":", 1)[1] if ":" in bare else LATEST)
-
-    @staticmethod
-    def _json(body: bytes) -> dict[str, Any]:
-        try:
-            value = json.loads(body or b"{}")
-        except ValueError:
-            raise LambdaApiError(
-                400, "InvalidRequestContentException", "could not parse the request body as JSON"
-            ) from None
-        if not isinstance(value, dict):
-            raise LambdaApiError(
-                400, "InvalidParameterValueException", "the request body must be a JSON object"
-            )
-        return value
+    def _version(self, pool: FunctionPool, qualifier: str) -> str:
+        return self._host.qualifiers.version_of(pool.config.name, qualifier)
 
     # --- Invoke ------------------------------------------------------------------------------------
 
-    def _invoke(self, body: bytes, query: dict[str, str], name: str) -> tuple[int, bytes, dict[str, str]]:
-        pool = self._pool(name)
-        qualifier = self._qualifier(name, query)
+    def _invoke(self, body: bytes, query: dict[str, str], name: str) -> Answer:
+        pool = self._host.pool(name)
+        qualifier = _qualifier(name, query)
+        version = {"X-Amz-Executed-Version": self._version(pool, qualifier)}
         invocation_type = self.headers.get("X-Amz-Invocation-Type", "RequestResponse")
         try:
             json.loads(body or b"null")
@@ -168,7 +226,6 @@ class _ApiHandler(JsonHandler):
             raise LambdaApiError(
                 400, "InvalidRequestContentException", "Could not parse request body into json"
             ) from None
-        version = {"X-Amz-Executed-Version": LATEST if qualifier == LATEST else qualifier}
         if invocation_type == "DryRun":
             return 204, b"", version
         if invocation_type == "Event":
@@ -178,10 +235,7 @@ class _ApiHandler(JsonHandler):
             raise LambdaApiError(
                 400, "InvalidParameterValueException", f"unknown InvocationType {invocation_type!r}"
             )
-        try:
-            result = pool.invoke(body, qualifier, log_tail=self.headers.get("X-Amz-Log-Type") == "Tail")
-        except Throttled as exc:
-            raise LambdaApiError(429, "TooManyRequestsException", str(exc), Reason=exc.reason) from None
+        result = pool.invoke(body, qualifier, log_tail=self.headers.get("X-Amz-Log-Type") == "Tail")
         headers = dict(version)
         payload, function_error = result.body, result.function_error
         if len(payload) > MAX_RESPONSE_BYTES:
@@ -198,65 +252,60 @@ class _ApiHandler(JsonHandler):
         return 200, payload, headers
 
     @staticmethod
-    def _invoke_quietly(pool: Any, body: bytes, qualifier: str) -> None:
+    def _invoke_quietly(pool: FunctionPool, body: bytes, qualifier: str) -> None:
         # an async invoke that is throttled is dropped here (AWS would retry it for hours)
         with contextlib.suppress(Throttled):
             pool.invoke(body, qualifier)
 
     # --- concurrency ---------------------------------------------------------------------------
 
-    def _put_provisioned(
-        self, body: bytes, query: dict[str, str], name: str
-    ) -> tuple[int, bytes, dict[str, str]]:
-        pool = self._pool(name)
-        qualifier = self._qualifier(name, query)
+    @staticmethod
+    def _published(qualifier: str, message: str) -> None:
+        """Provisioned concurrency lives on published versions and aliases, never on ``$LATEST``."""
         if qualifier == LATEST:
-            raise LambdaApiError(
-                400,
-                "InvalidParameterValueException",
-                "Provisioned Concurrency Configs cannot be applied to unpublished function versions.",
-            )
-        count = self._json(body).get("ProvisionedConcurrentExecutions")
+            raise LambdaApiError(400, "InvalidParameterValueException", message)
+
+    def _put_provisioned(self, body: bytes, query: dict[str, str], name: str) -> Answer:
+        qualifier = _qualifier(name, query)
+        self._published(
+            qualifier, "Provisioned Concurrency Configs cannot be applied to unpublished function versions."
+        )
+        count = _json(body).get("ProvisionedConcurrentExecutions")
         if not isinstance(count, int) or count < 1:
             raise LambdaApiError(
                 400, "InvalidParameterValueException", "ProvisionedConcurrentExecutions must be >= 1"
             )
         try:
-            status = pool.set_provisioned(qualifier, count)
+            return _reply(self._host.set_provisioned(name, qualifier, count), 202)
         except ValueError as exc:
             raise LambdaApiError(409, "ResourceConflictException", str(exc)) from None
-        return 202, json.dumps(status).encode(), {}
 
-    def _get_provisioned(
-        self, body: bytes, query: dict[str, str], name: str
-    ) -> tuple[int, bytes, dict[str, str]]:
-        pool = self._pool(name)
+    def _get_provisioned(self, body: bytes, query: dict[str, str], name: str) -> Answer:
+        pool = self._host.pool(name)
         if "List" in query:  # ListProvisionedConcurrencyConfigs shares the path, with ?List=ALL
-            return self._list_provisioned(pool, name)
-        qualifier = self._qualifier(name, query)
+            configs = [
+                {"FunctionArn": function_arn(pool.config.name, q), **pool.provisioned_status(q)}
+                for q in sorted(pool.provisioned)
+            ]
+            return _reply({"ProvisionedConcurrencyConfigs": configs})
+        qualifier = _qualifier(name, query)
+        self._published(qualifier, "The function resource provided must be an alias or a published version.")
+        self._version(pool, qualifier)
         try:
-            return 200, json.dumps(pool.provisioned_status(qualifier)).encode(), {}
+            return _reply(pool.provisioned_status(qualifier))
         except KeyError:
             raise LambdaApiError(
                 404,
                 "ProvisionedConcurrencyConfigNotFoundException",
-                f"No Provisioned Concurrency Config found for this function: {function_arn(name, qualifier)}",
+                "No Provisioned Concurrency Config found for this function: "
+                f"{function_arn(pool.config.name, qualifier)}",
             ) from None
 
-    @staticmethod
-    def _list_provisioned(pool: Any, name: str) -> tuple[int, bytes, dict[str, str]]:
-        bare = name.rsplit(":function:", 1)[-1].split(":", 1)[0]
-        configs = [
-            {"FunctionArn": function_arn(bare, qualifier), **pool.provisioned_status(qualifier)}
-            for qualifier in sorted(pool.provisioned)
-        ]
-        return 200, json.dumps({"ProvisionedConcurrencyConfigs": configs}).encode(), {}
-
-    def _delete_provisioned(
-        self, body: bytes, query: dict[str, str], name: str
-    ) -> tuple[int, bytes, dict[str, str]]:
-        pool = self._pool(name)
-        qualifier = self._qualifier(name, query)
+    def _delete_provisioned(self, body: bytes, query: dict[str, str], name: str) -> Answer:
+        pool = self._host.pool(name)
+        qualifier = _qualifier(name, query)
+        self._published(qualifier, "The function resource provided must be an alias or a published version.")
+        self._version(pool, qualifier)
         try:
             pool.delete_provisioned(qualifier)
         except KeyError:
@@ -265,69 +314,71 @@ class _ApiHandler(JsonHandler):
             ) from None
         return 204, b"", {}
 
-    def _put_concurrency(
-        self, body: bytes, query: dict[str, str], name: str
-    ) -> tuple[int, bytes, dict[str, str]]:
-        pool = self._pool(name)
-        count = self._json(body).get("ReservedConcurrentExecutions")
+    def _put_concurrency(self, body: bytes, query: dict[str, str], name: str) -> Answer:
+        count = _json(body).get("ReservedConcurrentExecutions")
         if not isinstance(count, int) or count < 0:
             raise LambdaApiError(
                 400, "InvalidParameterValueException", "ReservedConcurrentExecutions must be >= 0"
             )
         try:
-            pool.set_reserved(count)
+            self._host.set_reserved(name, count)
         except ValueError as exc:
             raise LambdaApiError(409, "ResourceConflictException", str(exc)) from None
-        return 200, json.dumps({"ReservedConcurrentExecutions": count}).encode(), {}
+        return _reply({"ReservedConcurrentExecutions": count})
 
-    def _get_concurrency(
-        self, body: bytes, query: dict[str, str], name: str
-    ) -> tuple[int, bytes, dict[str, str]]:
-        reserved = self._pool(name).config.reserved_concurrency
-        answer = {} if reserved is None else {"ReservedConcurrentExecutions": reserved}
-        return 200, json.dumps(answer).encode(), {}
+    def _get_concurrency(self, body: bytes, query: dict[str, str], name: str) -> Answer:
+        reserved = self._host.pool(name).config.reserved_concurrency
+        return _reply({} if reserved is None else {"ReservedConcurrentExecutions": reserved})
 
-    def _delete_concurrency(
-        self, body: bytes, query: dict[str, str], name: str
-    ) -> tuple[int, bytes, dict[str, str]]:
-        self._pool(name).set_reserved(None)
+    def _delete_concurrency(self, body: bytes, query: dict[str, str], name: str) -> Answer:
+        self._host.set_reserved(name, None)
         return 204, b"", {}
 
-    # --- descriptions ----------------------------------------------------------------------------
+    def _account_settings(self, body: bytes, query: dict[str, str]) -> Answer:
+        return _reply(self._host.account_settings())
 
-    def _configuration(self, name: str) -> dict[str, Any]:
-        config = self._pool(name).config
-        return {
-            "FunctionName": config.name,
-            "FunctionArn": function_arn(config.name),
-            "PackageType": "Image",
-            "MemorySize": config.memory_mb,
-            "Timeout": int(config.timeout_s),
-            "Version": LATEST,
-            "State": "Active",
-            "Environment": {"Variables": dict(config.environment)},
-        }
+    # --- functions, versions, aliases ------------------------------------------------------------
 
-    def _list_functions(self, body: bytes, query: dict[str, str]) -> tuple[int, bytes, dict[str, str]]:
-        functions = [self._configuration(name) for name in self.server.host.pools]
-        return 200, json.dumps({"Functions": functions}).encode(), {}
+    def _configuration(self, name: str, query: dict[str, str]) -> dict[str, Any]:
+        """The configuration of the version ``name`` (and its ``Qualifier``) runs."""
+        pool = self._host.pool(name)
+        asked = _asked_qualifier(name, query)
+        return function_configuration(pool.config, self._version(pool, asked or LATEST), asked)
 
-    def _get_function(
-        self, body: bytes, query: dict[str, str], name: str
-    ) -> tuple[int, bytes, dict[str, str]]:
-        answer: dict[str, Any] = {"Configuration": self._configuration(name)}
-        reserved = self._pool(name).config.reserved_concurrency
+    def _list_functions(self, body: bytes, query: dict[str, str]) -> Answer:
+        return _reply({"Functions": [function_configuration(p.config) for p in self._host.pools.values()]})
+
+    def _get_function(self, body: bytes, query: dict[str, str], name: str) -> Answer:
+        answer: dict[str, Any] = {"Configuration": self._configuration(name, query)}
+        reserved = self._host.pool(name).config.reserved_concurrency
         if reserved is not None:
             answer["Concurrency"] = {"ReservedConcurrentExecutions": reserved}
-        return 200, json.dumps(answer).encode(), {}
+        return _reply(answer)
 
-    def _get_configuration(
-        self, body: bytes, query: dict[str, str], name: str
-    ) -> tuple[int, bytes, dict[str, str]]:
-        return 200, json.dumps(self._configuration(name)).encode(), {}
+    def _get_configuration(self, body: bytes, query: dict[str, str], name: str) -> Answer:
+        return _reply(self._configuration(name, query))
 
-    def _meter(self, body: bytes, query: dict[str, str]) -> tuple[int, bytes, dict[str, str]]:
-        return 200, json.dumps(self.server.host.meter.snapshot()).encode(), {}
+    def _list_versions(self, body: bytes, query: dict[str, str], name: str) -> Answer:
+        config = self._host.pool(name).config
+        versions = [function_configuration(config, v, v) for v in (LATEST, PUBLISHED_VERSION)]
+        return _reply({"Versions": versions})
 
-    def _instances(self, body: bytes, query: dict[str, str]) -> tuple[int, bytes, dict[str, str]]:
-        return 200, json.dumps(self.server.host.describe()).encode(), {}
+    def _list_aliases(self, body: bytes, query: dict[str, str], name: str) -> Answer:
+        function = self._host.pool(name).config.name
+        alias = alias_configuration(function, self._host.qualifiers.alias, PUBLISHED_VERSION)
+        wanted = query.get("FunctionVersion", PUBLISHED_VERSION) == PUBLISHED_VERSION
+        return _reply({"Aliases": [alias] if wanted else []})
+
+    def _get_alias(self, body: bytes, query: dict[str, str], name: str, alias: str) -> Answer:
+        pool = self._host.pool(name)
+        if alias != self._host.qualifiers.alias:
+            raise QualifierNotFound(f"Cannot find alias arn: {function_arn(pool.config.name, alias)}")
+        return _reply(alias_configuration(pool.config.name, alias, PUBLISHED_VERSION))
+
+    # --- the host's own ------------------------------------------------------------------------
+
+    def _meter(self, body: bytes, query: dict[str, str]) -> Answer:
+        return _reply(self._host.meter.snapshot())
+
+    def _instances(self, body: bytes, query: dict[str, str]) -> Answer:
+        return _reply(self._host.describe())

@@ -4,7 +4,8 @@ Rules (see :mod:`moeless.aws_prices`): every request is charged; duration is rou
 and charged per GB-s of configured memory; an on-demand cold start adds its init time to the billed
 duration (container images); an invoke served by a provisioned instance is charged at the lower
 provisioned-duration rate; provisioned concurrency itself is charged per GB-s configured, each
-configuration period rounded up to 5 minutes.
+configuration period rounded up to 5 minutes, except the period of a configuration that FAILED
+(its environments' init failed or overran its limit): that is charged nothing.
 """
 
 from __future__ import annotations
@@ -100,6 +101,11 @@ class BillingMeter:
             self._close_period(bill, qualifier, self.clock())
             if concurrency > 0:
                 bill.open_periods[qualifier] = (concurrency, self.clock())
+
+    def discard_provisioned(self, function: str, qualifier: str) -> None:
+        """Drop the qualifier's open provisioned period unbilled: its configuration FAILED."""
+        with self._lock:
+            self._bills[function].open_periods.pop(qualifier, None)
 
     def _close_period(self, bill: FunctionBill, qualifier: str, now: float) -> None:
         if qualifier not in bill.open_periods:

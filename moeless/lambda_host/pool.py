@@ -1,29 +1,38 @@
 """One function's instances, scheduled with Lambda's rules.
 
-An invocation takes an idle instance (the qualifier's provisioned ones first, then on-demand ones);
-when none is idle it starts a new instance and waits for its init (a cold start); it never queues
-behind a busy instance. Reserved concurrency caps the invocations in flight (429 beyond it, checked
-before any instance is picked, so reserved concurrency 0 throttles even a warm function); the
-host caps the instances alive on the machine (the account concurrency limit, locally).
+An invocation takes an idle instance (provisioned ones first, when it runs the published version,
+then on-demand ones); when none is idle it starts a new instance and waits for its init (a cold
+start); it never queues behind a busy instance. Concurrency is checked before an on-demand instance
+is picked (:mod:`moeless.lambda_host.account`): within the function's reservation, which its
+provisioned concurrency is held out of (so a reservation of 0 throttles even a warm function), or,
+without one, within the account's unreserved pool; the host also caps the instances alive on the
+machine.
+
+Init is limited as on Lambda (:class:`~moeless.aws_limits.LambdaLimits`): an on-demand init
+that overruns its limit is abandoned and retried as part of the invocation, under the function's
+timeout, which then covers the retried init and the handler; a provisioned instance whose init
+overruns or fails fails its configuration, which is then not billed.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, Protocol
 
+from moeless.aws_limits import LambdaLimits
+from moeless.lambda_host.account import FunctionUsage, reserved_pool_has_room
 from moeless.lambda_host.instance import FunctionConfig, Instance, Invocation, error_body
 from moeless.lambda_host.meter import BillingMeter
+from moeless.lambda_host.versions import LATEST, Qualifiers
 
-# How long an on-demand cold start may take before the invocation fails (AWS allows 10 s of init;
-# a laptop importing onnxruntime next to other work needs more slack).
-INIT_TIMEOUT_S = 60.0
 LOG_TAIL_BYTES = 4096
+# what a provisioned configuration's StatusReason says when its environments' init fails
+INIT_FAILURE = "FUNCTION_ERROR_INIT_FAILURE"
+BUSY = ("busy", "initializing-busy")
 
 
 class FunctionNotFound(KeyError):
@@ -38,6 +47,34 @@ class Throttled(Exception):
         self.reason = reason
 
 
+class PoolHost(Protocol):
+    """What a pool needs of its host (a :class:`~moeless.lambda_host.host.LambdaHost`): the
+    scheduling lock (one for all functions, so the host can act across them), the meter, where logs
+    go, the limits and qualifiers, and room on the machine and in the account's unreserved pool
+    (both asked under the lock)."""
+
+    @property
+    def lock(self) -> threading.RLock: ...
+
+    @property
+    def meter(self) -> BillingMeter: ...
+
+    @property
+    def log_dir(self) -> Path: ...
+
+    @property
+    def limits(self) -> LambdaLimits: ...
+
+    @property
+    def qualifiers(self) -> Qualifiers: ...
+
+    def make_room(self) -> bool: ...
+
+    def unreserved_pool_has_room(self) -> bool: ...
+
+    def count_instances(self, change: int) -> None: ...
+
+
 @dataclass
 class InvokeResult:
     body: bytes
@@ -50,13 +87,23 @@ class InvokeResult:
 
 @dataclass
 class ProvisionedConfig:
+    """One qualifier's provisioned concurrency; ``failure`` is its StatusReason once FAILED, and
+    ``failure_detail`` what went wrong, for the host's own messages."""
+
     requested: int
     last_modified: str
     failure: str | None = None
+    failure_detail: str = ""
 
 
 def _now_iso() -> str:
     return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%f")[:-3] + "+0000"
+
+
+def _init_timeout_line(instance: Instance) -> str:
+    """Lambda's log line for an init that overran its limit."""
+    init_ms = (time.perf_counter() - instance.spawned_at) * 1e3
+    return f"INIT_REPORT Init Duration: {init_ms:.2f} ms\tPhase: init\tStatus: timeout\n"
 
 
 class FunctionPool:
@@ -64,77 +111,121 @@ class FunctionPool:
 
     Args:
         config: the function.
-        lock: the host's scheduling lock (one for all functions, so the host can evict across them).
-        meter: where billing goes.
-        log_dir: the function's log streams live in ``log_dir / name``.
-        make_room: asks the host for room for one more instance; ``False`` when the machine is full.
+        host: its host (lock, meter, log folder, limits, qualifiers, room); the function's log
+            streams live in ``host.log_dir / name``.
     """
 
-    def __init__(
-        self,
-        config: FunctionConfig,
-        lock: threading.RLock,
-        meter: BillingMeter,
-        log_dir: Path,
-        make_room: Callable[[], bool],
-    ) -> None:
+    def __init__(self, config: FunctionConfig, host: PoolHost) -> None:
         self.config = config
         self.instances: list[Instance] = []
         self.provisioned: dict[str, ProvisionedConfig] = {}
         self.stopping = False
-        self._lock = lock
-        self._meter = meter
-        self._log_dir = log_dir / config.name
-        self._make_room = make_room
-        meter.register(config.name, config.memory_mb)
+        self._host = host
+        self._lock = host.lock
+        self._meter = host.meter
+        self._log_dir = host.log_dir / config.name
+        host.meter.register(config.name, config.memory_mb)
 
     # --- invocations --------------------------------------------------------------------------
 
     def invoke(self, payload: bytes, qualifier: str, log_tail: bool = False) -> InvokeResult:
-        """Run one synchronous invocation. Raises :class:`Throttled` when over a concurrency limit.
+        """Run one synchronous invocation of ``qualifier``.
 
         With ``log_tail`` the result carries the invocation's log lines (``LogType=Tail``).
+
+        Raises:
+            QualifierNotFound: the function has no such version or alias.
+            Throttled: over a concurrency limit.
         """
-        invocation = Invocation(payload, qualifier)
+        version = self._host.qualifiers.version_of(self.config.name, qualifier)
+        invocation = Invocation(payload, qualifier, version)
         instance, cold = self._start(invocation)
-        request = f"RequestId: {invocation.request_id} Error:"
-        if not invocation.delivered.wait(INIT_TIMEOUT_S if cold else self.config.timeout_s):
-            instance.kill(
-                error_body("Sandbox.Timedout", f"{request} init did not finish in {INIT_TIMEOUT_S:.0f} s")
-            )
-        elif not invocation.done.wait(self.config.timeout_s - (time.perf_counter() - invocation.handed_at)):
-            seconds = f"{self.config.timeout_s:.2f}"
-            instance.kill(error_body("Sandbox.Timedout", f"{request} Task timed out after {seconds} seconds"))
-        invocation.done.wait()
+        if cold and not invocation.delivered.wait(self._host.limits.on_demand_init_s):
+            retried = self._retry_init(instance, invocation)
+            if retried is not None:
+                instance, abandoned_init_ms = retried
+                retried_at = time.perf_counter()
+                self._await(instance, invocation, retried_at + self.config.timeout_s)
+                # Lambda reports a retried init inside the invocation's Duration; the abandoned one
+                # is billed as the cold start's init, as any on-demand init is here
+                invocation.duration_ms = (time.perf_counter() - retried_at) * 1e3
+                invocation.init_ms = abandoned_init_ms
+                return self._settle(instance, invocation, log_tail)
+        self._await(instance, invocation)
         return self._settle(instance, invocation, log_tail)
+
+    def _await(self, instance: Instance, invocation: Invocation, deadline: float | None = None) -> None:
+        """Wait for ``invocation`` to finish; past the function's timeout (from the hand-over to the
+        runtime, or ``deadline`` when a retried init runs in it) the instance is killed."""
+        timeout_s, request = self.config.timeout_s, invocation.request_id
+        finished = invocation.delivered.wait(
+            timeout_s if deadline is None else max(0.0, deadline - time.perf_counter())
+        )
+        if finished:
+            end = invocation.handed_at + timeout_s if deadline is None else deadline
+            finished = invocation.done.wait(max(0.0, end - time.perf_counter()))
+        if not finished:
+            message = f"RequestId: {request} Error: Task timed out after {timeout_s:.2f} seconds"
+            instance.kill(error_body("Sandbox.Timedout", message))
+        invocation.done.wait()
+
+    def _retry_init(self, instance: Instance, invocation: Invocation) -> tuple[Instance, float] | None:
+        """Abandon ``instance``'s overrun init and start the invocation's own instance (Lambda
+        retries Init as part of the first invocation). Returns the new instance and the abandoned
+        init's milliseconds; ``None`` when the runtime took the invocation meanwhile, or the host
+        is stopping."""
+        with self._lock:
+            if self.stopping or not instance.release(invocation):
+                return None
+            abandoned_init_ms = (time.perf_counter() - instance.spawned_at) * 1e3
+            instance.write_log(_init_timeout_line(instance))
+            self.instances.remove(instance)  # its place on the machine goes to the retry
+            retry = self._spawn(None)
+            retry.assign(invocation)
+        instance.kill()
+        return retry, abandoned_init_ms
 
     def _start(self, invocation: Invocation) -> tuple[Instance, bool]:
         """Give ``invocation`` an instance: an idle one, else a new one (cold). Returns (instance, cold)."""
         with self._lock:
             if self.stopping:
                 raise Throttled("ServiceUnavailable", "the local host is shutting down")
-            # reserved concurrency caps invocations in flight, warm instance or not (0 stops all)
-            reserved = self.config.reserved_concurrency
-            if reserved is not None and self.in_flight() >= reserved:
-                self._meter.throttle(self.config.name)
-                raise Throttled(
-                    "ReservedFunctionConcurrentInvocationLimitExceeded",
-                    f"Rate Exceeded: {self.config.name} has reserved concurrency {reserved}",
-                )
-            candidates = [i for i in self.instances if i.qualifier == invocation.qualifier]
-            candidates += [i for i in self.instances if i.qualifier is None]
-            for instance in candidates:
-                if instance.try_reserve() and instance.assign(invocation):
+            if invocation.version != LATEST:
+                for instance in self.instances:
+                    if instance.provisioned and self._take(instance, invocation):
+                        return instance, False
+            self._admit_on_demand()
+            for instance in self.instances:
+                if not instance.provisioned and self._take(instance, invocation):
                     return instance, False
-            if not self._make_room():
-                self._meter.throttle(self.config.name)
-                raise Throttled(
-                    "ConcurrentInvocationLimitExceeded",
-                    "Rate Exceeded: the host's concurrency limit is reached",
-                )
+            if not self._host.make_room():
+                self._throttle("ConcurrentInvocationLimitExceeded", "the host's instance limit is reached")
             instance = self._spawn(None)
             instance.assign(invocation)
             return instance, True
+
+    @staticmethod
+    def _take(instance: Instance, invocation: Invocation) -> bool:
+        return not instance.retire_when_idle and instance.try_reserve() and instance.assign(invocation)
+
+    def _admit_on_demand(self) -> None:
+        """Raise :class:`Throttled` unless one more on-demand invocation fits the function's
+        reservation or, without one, the account's unreserved pool."""
+        reserved = self.config.reserved_concurrency
+        if reserved is not None:
+            if not reserved_pool_has_room(self.usage()):
+                self._throttle(
+                    "ReservedFunctionConcurrentInvocationLimitExceeded",
+                    f"{self.config.name} has reserved concurrency {reserved}",
+                )
+        elif not self._host.unreserved_pool_has_room():
+            limit = self._host.limits.account_concurrency
+            why = f"the account's concurrency limit ({limit}) is reached"
+            self._throttle("ConcurrentInvocationLimitExceeded", why)
+
+    def _throttle(self, reason: str, why: str) -> NoReturn:
+        self._meter.throttle(self.config.name)
+        raise Throttled(reason, f"Rate Exceeded: {why}")
 
     def _settle(self, instance: Instance, invocation: Invocation, log_tail: bool) -> InvokeResult:
         report = (
@@ -172,7 +263,17 @@ class FunctionPool:
             return ""
 
     def in_flight(self) -> int:
-        return sum(i.state in ("busy", "initializing-busy") for i in self.instances)
+        return sum(i.state in BUSY for i in self.instances)
+
+    def usage(self, excluding: str | None = None) -> FunctionUsage:
+        """The function's claim on the account's concurrency (``excluding`` one qualifier's
+        provisioned configuration, the one about to be set)."""
+        with self._lock:
+            provisioned = sum(
+                c.requested for q, c in self.provisioned.items() if q != excluding and c.failure is None
+            )
+            on_demand = sum(i.state in BUSY for i in self.instances if not i.provisioned)
+            return FunctionUsage(self.config.reserved_concurrency, provisioned, on_demand)
 
     # --- instances ----------------------------------------------------------------------------
 
@@ -181,7 +282,21 @@ class FunctionPool:
         log_path = self._log_dir / f"{time.strftime('%Y-%m-%d')}-{number:04d}.log"
         instance = Instance(self.config, qualifier, log_path, self._ready, self._exited)
         self.instances.append(instance)
+        self._host.count_instances(+1)
+        if qualifier is not None:
+            limit_s = self._host.limits.provisioned_init_limit_s(self.config.timeout_s)
+            timer = threading.Timer(limit_s, self._init_overran, (instance, limit_s))
+            timer.daemon = True
+            timer.start()
         return instance
+
+    def _init_overran(self, instance: Instance, limit_s: float) -> None:
+        """A provisioned instance still initialising at its limit fails its configuration."""
+        with self._lock:
+            if instance.state != "initializing" or instance.qualifier is None:
+                return
+            instance.write_log(_init_timeout_line(instance))
+            self._fail_provisioned(instance.qualifier, f"init did not finish in {limit_s:g} s")
 
     def _ready(self, instance: Instance) -> None:
         if instance.provisioned:
@@ -192,16 +307,18 @@ class FunctionPool:
 
     def _exited(self, instance: Instance) -> None:
         with self._lock:
+            self._host.count_instances(-1)
             if instance in self.instances:
                 self.instances.remove(instance)
             qualifier = instance.qualifier
-            config = self.provisioned.get(qualifier) if qualifier else None
-            if config is None or self.stopping or instance.retire_when_idle:
+            if qualifier is None or self.stopping or instance.retire_when_idle:
+                return
+            config = self.provisioned.get(qualifier)
+            if config is None:
                 return
             if instance.init_error is not None:
-                config.failure = instance.init_error.decode("utf-8", "replace")
-                return
-            if qualifier is not None and self._count(qualifier) < config.requested:
+                self._fail_provisioned(qualifier, instance.init_error.decode("utf-8", "replace"))
+            elif self._count(qualifier) < config.requested:
                 self._spawn(qualifier)  # keep the provisioned count: replace the lost instance
 
     def _retire(self, instance: Instance) -> None:
@@ -233,23 +350,45 @@ class FunctionPool:
 
     # --- provisioned and reserved concurrency ------------------------------------------------
 
-    def set_provisioned(self, qualifier: str, count: int) -> dict[str, Any]:
-        """Start (or retire) instances until ``count`` are provisioned for ``qualifier``."""
+    def check_version_unclaimed(self, qualifier: str) -> None:
+        """Raise ``ValueError`` when the version ``qualifier`` runs has a provisioned configuration
+        through another qualifier (a version has one, on itself or on an alias pointing at it)."""
         with self._lock:
-            reserved = self.config.reserved_concurrency
-            if reserved is not None and count > reserved:
-                raise ValueError(f"provisioned concurrency {count} exceeds reserved concurrency {reserved}")
+            if any(q != qualifier for q in self.provisioned):
+                raise ValueError(
+                    "Alias can't be used for Provisioned Concurrency configuration on an already "
+                    "Provisioned version"
+                    if qualifier == self._host.qualifiers.alias
+                    else "Version is pointed by a Provisioned Concurrency alias"
+                )
+
+    def set_provisioned(self, qualifier: str, count: int) -> dict[str, Any]:
+        """Start (or retire) instances until ``count`` are provisioned for ``qualifier``, an alias
+        or the published version (Lambda's rules are the host's to check first)."""
+        with self._lock:
             self.provisioned[qualifier] = ProvisionedConfig(count, _now_iso())
             self._meter.set_provisioned(self.config.name, qualifier, count)
             current = [i for i in self.instances if i.qualifier == qualifier and not i.retire_when_idle]
             for instance in current[count:]:
                 self._retire(instance)
             for _ in range(count - len(current)):
-                if not self._make_room():
-                    self.provisioned[qualifier].failure = "the host's concurrency limit is reached"
+                if not self._host.make_room():
+                    self._fail_provisioned(qualifier, "the host's instance limit is reached")
                     break
                 self._spawn(qualifier)
             return self.provisioned_status(qualifier)
+
+    def _fail_provisioned(self, qualifier: str, detail: str) -> None:
+        """Mark the configuration FAILED: its period is not billed and its instances are let go."""
+        config = self.provisioned.get(qualifier)
+        if config is None or config.failure is not None:
+            return
+        config.failure, config.failure_detail = INIT_FAILURE, detail
+        self._meter.discard_provisioned(self.config.name, qualifier)
+        for instance in [i for i in self.instances if i.qualifier == qualifier]:
+            self._retire(instance)
+            if instance.state == "initializing":
+                instance.kill()
 
     def provisioned_status(self, qualifier: str) -> dict[str, Any]:
         """``GetProvisionedConcurrencyConfig``'s answer. Raises ``KeyError`` when none is set."""
@@ -279,6 +418,11 @@ class FunctionPool:
                 self._retire(instance)
 
     def set_reserved(self, count: int | None) -> None:
+        """Set (``None``: remove) the reservation; the account's rules are the host's to check.
+
+        Raises:
+            ValueError: ``count`` is below the provisioned concurrency already configured.
+        """
         with self._lock:
             provisioned = sum(c.requested for c in self.provisioned.values())
             if count is not None and count < provisioned:

@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass, field
 
 from moeless.aws_prices import MB_PER_GB, PRICES, LambdaPrices, vcpus_for_memory
+from moeless.contracts.environment import EXPERT_TIMEOUT_S
 from moeless.errors import PlanError
 from moeless.planning.instances import CATALOGUE, Instance
 
@@ -99,6 +100,14 @@ class CostModel:
     # take 1-10 s (docs/design.md): 1 s base is the optimistic end
     cold_start_base_ms: float = 1000.0
     cold_start_ms_per_mb: float = 6.9
+    # on AWS a function fetches its experts from S3 at init (moeless:expertCode=s3; the local host
+    # reads them from the package folder): 150 MB/s, an assumption (boto3's multipart download in a
+    # Lambda environment; AWS publishes no figure), re-check on a deployment
+    s3_fetch_ms_per_mb_aws: float = 6.7
+    # how long a cold start may take: the invoke that waits for it runs under the function's
+    # timeout, less room for the invoke itself (an on-demand init beyond Lambda's 10 s goes on into
+    # that invoke: see moeless/experts/function.py); provisioned environments have 130 s or more
+    max_cold_start_ms: float = EXPERT_TIMEOUT_S * 1e3 - 10_000
     # each cold start still initialising when another begins delays that one by this: locally the
     # instances' processes share the machine's 2 cores (benchmarks/sim_vs_real.py: 8 cold starts
     # at once end about 7 x this after one alone); on AWS each sandbox has its own CPU
@@ -165,7 +174,20 @@ class CostModel:
         )
 
     def cold_start_ms(self, weight_bytes: float) -> float:
-        return self.cold_start_base_ms + self.cold_start_ms_per_mb * weight_bytes / 1e6
+        """Start, fetch (on AWS) and load ``weight_bytes`` of experts."""
+        fetch = self.s3_fetch_ms_per_mb_aws if self.aws else 0.0
+        return self.cold_start_base_ms + (self.cold_start_ms_per_mb + fetch) * weight_bytes / 1e6
+
+    def too_slow_to_load(self, weight_bytes: float) -> str | None:
+        """Why a function of ``weight_bytes`` of experts cannot cold-start in time, else ``None``."""
+        init_ms = self.cold_start_ms(weight_bytes)
+        if init_ms <= self.max_cold_start_ms:
+            return None
+        return (
+            f"{weight_bytes / 2**20:,.0f} MB of experts take {init_ms / 1e3:.0f} s to fetch and load at a "
+            f"cold start, beyond the {self.max_cold_start_ms / 1e3:.0f} s it may take (the functions' "
+            f"{EXPERT_TIMEOUT_S} s timeout, less the invoke): host fewer experts per function"
+        )
 
     def invoke_usd(self, duration_ms: float, memory_mb: int, provisioned: bool = False) -> float:
         """One invoke: the request plus its billed duration."""
@@ -200,7 +222,9 @@ class CostModel:
             f"spread of a layer's invoke overheads (lognormal sigma): {self.invoke_spread_local} locally "
             f"(benchmarks/sim_vs_real.py), {self.invoke_spread_aws} on AWS (not modelled)",
             f"cold start: {self.cold_start_base_ms:.0f} ms + {self.cold_start_ms_per_mb} ms/MB "
-            "(docs/design.md: 1-10 s for ML images; per-MB session init from benchmarks/invoke_overhead.py)",
+            "(docs/design.md: 1-10 s for ML images; per-MB session init from benchmarks/invoke_overhead.py)"
+            f", + {self.s3_fetch_ms_per_mb_aws} ms/MB fetched from S3 on AWS (assumption: 150 MB/s); "
+            f"at most {self.max_cold_start_ms / 1e3:.0f} s (the functions' {EXPERT_TIMEOUT_S} s timeout)",
             f"concurrent cold starts: each one initialising delays another by "
             f"{self.cold_start_serial_ms_local:.0f} ms locally (benchmarks/sim_vs_real.py), "
             f"{self.cold_start_serial_ms_aws:.0f} ms on AWS (separate sandboxes)",

@@ -32,11 +32,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from moeless.aws_limits import MAX_FUNCTION_MEMORY_MB
 from moeless.contracts.plan import FunctionSpec, Placement, Plan
 from moeless.errors import PlanError
-
-MAX_FUNCTION_MB = 10_240
-
 
 Slice = tuple[int, int, int]  # (expert, first row, end row) of one layer's input for that expert
 
@@ -118,8 +116,10 @@ def pack_across_layers(
     host: dict[tuple[int, int], tuple[str, int]] = {}
     for index, group in enumerate(chains(layers, experts, per_function, pair_scores)):
         memory = memory_for(len(group))
-        if memory > MAX_FUNCTION_MB:
-            raise PlanError(f"{len(group)} experts need {memory} MB, over Lambda's {MAX_FUNCTION_MB} MB")
+        if memory > MAX_FUNCTION_MEMORY_MB:
+            raise PlanError(
+                f"{len(group)} experts need {memory} MB, over Lambda's {MAX_FUNCTION_MEMORY_MB} MB"
+            )
         name = f"moeless-l{group[0][0]:03d}-g{index:04d}"
         functions.append(FunctionSpec(name, list(group), memory))
         host |= dict.fromkeys(group, (name, memory))
@@ -180,8 +180,8 @@ def pack_within_layer(
     for placement in on_functions:
         experts.setdefault(placement.layer, []).append(placement.expert)
     memory = memory_for(per_function)
-    if memory > MAX_FUNCTION_MB:
-        raise PlanError(f"{per_function} experts need {memory} MB, over Lambda's {MAX_FUNCTION_MB} MB")
+    if memory > MAX_FUNCTION_MEMORY_MB:
+        raise PlanError(f"{per_function} experts need {memory} MB, over Lambda's {MAX_FUNCTION_MEMORY_MB} MB")
     functions: list[FunctionSpec] = []
     host: dict[tuple[int, int], tuple[str, int]] = {}
     for layer in sorted(experts):

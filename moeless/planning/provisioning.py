@@ -6,6 +6,8 @@ code that re-provisions a fleet is the code the tests exercise.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,3 +95,63 @@ def apply_concurrency(lambda_client: Any, plan: Plan, alias: str = ALIAS) -> lis
     changes = plan_changes(lambda_client, plan, alias)
     apply_changes(lambda_client, changes, alias)
     return changes
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """How one function's provisioned concurrency came out: ``READY``, ``FAILED`` (Lambda's
+    ``StatusReason`` says why), ``REFUSED`` (the request itself was refused) or ``IN_PROGRESS``
+    (still allocating when the wait ended)."""
+
+    function: str
+    requested: int
+    status: str
+    reason: str = ""
+
+    def __str__(self) -> str:
+        why = f": {self.reason}" if self.reason else ""
+        return f"{self.function}: {self.requested} provisioned, {self.status}{why}"
+
+
+def allocate_provisioned(
+    lambda_client: Any,
+    plan: Plan,
+    alias: str = ALIAS,
+    wait_s: float = 900.0,
+    poll_s: float = 10.0,
+    sleep: Callable[[float], None] = time.sleep,
+) -> list[Allocation]:
+    """Set each function's provisioned concurrency to the plan's, outside CloudFormation, and wait
+    for Lambda to allocate it: one function that cannot be served is reported, never rolls back
+    the others (inside a stack, one failed allocation rolls back every function of the stack).
+
+    Decreases go first, so that what they free is there for the increases.
+    """
+    from botocore.exceptions import ClientError
+
+    changes = [c for c in plan_changes(lambda_client, plan, alias) if c.setting == "provisioned"]
+    changes.sort(key=lambda c: (c.after or 0) >= (c.before or 0))
+    outcomes: dict[str, Allocation] = {}
+    for change in changes:
+        try:
+            apply_changes(lambda_client, [change], alias)
+        except ClientError as exc:
+            message = exc.response.get("Error", {}).get("Message", str(exc))
+            outcomes[change.function] = Allocation(change.function, change.after or 0, "REFUSED", message)
+    pending = [c.function for c in changes if c.after and c.function not in outcomes]
+    deadline = time.monotonic() + wait_s
+    while pending:
+        waiting = []
+        for name in pending:
+            config = lambda_client.get_provisioned_concurrency_config(FunctionName=name, Qualifier=alias)
+            requested = int(config.get("RequestedProvisionedConcurrentExecutions", 0))
+            if config.get("Status") == "IN_PROGRESS" and time.monotonic() < deadline:
+                waiting.append(name)
+                continue
+            outcomes[name] = Allocation(
+                name, requested, config.get("Status", "?"), config.get("StatusReason", "")
+            )
+        pending = waiting
+        if pending:
+            sleep(poll_s)
+    return [outcomes[c.function] for c in changes if c.function in outcomes]

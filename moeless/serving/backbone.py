@@ -64,6 +64,10 @@ class BackboneConfig:
         prewarm_idle_s: a function not invoked for this long is presumed cold.
         function_prefix: the deployed functions' name prefix (``moeless-STAGE-`` on AWS; see
             :meth:`moeless.contracts.plan.Plan.prefixed`); empty: the plan's names as they are.
+        experts_source: the package in S3 (``s3://...``) that ``artifacts`` caches: an expert the
+            fallback needs and the cache lacks is fetched from it.
+        fallback_cache_bytes: most bytes of fallback experts kept (least recently used out
+            first); ``None``: no bound.
     """
 
     artifacts: Path
@@ -85,6 +89,8 @@ class BackboneConfig:
     token_predictor: str = "crosslayer"
     prewarm_idle_s: float = 240.0
     function_prefix: str = ""
+    experts_source: str | None = None
+    fallback_cache_bytes: int | None = None
 
 
 def resolve_device(device: str) -> str:
@@ -121,6 +127,8 @@ class Backbone:
             attempts=config.attempts,
             max_concurrency=concurrency,
             stats=self.stats,
+            fallback_source=config.experts_source,
+            fallback_cache_bytes=config.fallback_cache_bytes,
         )
         keeper = KeepWarm(self.plan, self.dispatcher.warm)
         self.keep_warm = keeper.start() if keeper.needed else None

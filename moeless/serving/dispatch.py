@@ -75,6 +75,9 @@ class LambdaDispatcher:
         attempts: invokes tried (on successive replicas) before the in-process fallback.
         backoff_s: wait before the 2nd attempt; doubles after each further one.
         stats: where invokes, retries, fallbacks, cold starts and dispatch latency are counted.
+        fallback_source: ``s3://`` package to fetch a fallback expert from when it is not on disk.
+        fallback_cache_bytes: most bytes of fallback experts kept open (LRU); the plan's
+            in-process experts are kept regardless.
     """
 
     def __init__(
@@ -88,6 +91,8 @@ class LambdaDispatcher:
         backoff_s: float = 0.02,
         max_concurrency: int = 64,
         stats: ServingStats | None = None,
+        fallback_source: str | None = None,
+        fallback_cache_bytes: int | None = None,
     ) -> None:
         self.client = client
         self.qualifier = qualifier
@@ -96,7 +101,13 @@ class LambdaDispatcher:
         self.stats = stats or ServingStats()
         self.replicas = plan.invoke_targets()
         self.on_backbone = {(p.layer, p.expert) for p in plan.experts if p.placement == Placement.BACKBONE}
-        self.local = OnnxExpertPool(artifacts_dir, manifest)
+        self.local = OnnxExpertPool(
+            artifacts_dir,
+            manifest,
+            source=fallback_source,
+            budget_bytes=fallback_cache_bytes,
+            pinned=frozenset(plan.in_process()),
+        )
         self.max_rows = max_tokens_per_request(manifest.hidden_size)
         self._in_flight: dict[str, int] = {}
         self.observed: RollingLoads | None = None  # set to record the tokens each expert receives

@@ -71,7 +71,8 @@ def structures(
     policy: str, deployment: Deployment, routing: StepRouting, search: SearchSpace
 ) -> Iterator[Structure]:
     """Every candidate structure of ``policy`` the search space holds (a packing that needs more
-    memory than a size offers is sized up, once)."""
+    memory than a size offers is sized up, once; one whose functions cannot cold-start within their
+    timeout is left out)."""
     loads = routing.loads()
     together = coactivation(routing, loads)
     for variant in variants(deployment, search).values():
@@ -83,6 +84,13 @@ def structures(
             )
             for g in search.groups
             if g > 1
+        }
+        # a packing whose functions cannot cold-start within their timeout is no candidate
+        weight = variant.expert_size().weight_bytes
+        packed_by = {
+            key: packed
+            for key, packed in packed_by.items()
+            if not any(variant.model.too_slow_to_load(weight * len(f.experts)) for f in packed.functions)
         }
         memories = list(search.memory_mb) or default_memory_options(variant)
         seen = set()

@@ -25,15 +25,15 @@ from aws_cdk.assertions import Match, Template  # noqa: E402
 from moeless.contracts.loads import Loads  # noqa: E402
 from moeless.contracts.manifest import ExpertEntry, Manifest, load_manifest  # noqa: E402
 from moeless.contracts.plan import Plan, one_function_per_expert  # noqa: E402
-from moeless.planning.planner import PlanRequest, make_plan  # noqa: E402
+from moeless.contracts.rest import PUBLIC_ROUTES  # noqa: E402
 from tests.conftest import REPO_ROOT  # noqa: E402
 
 sys.path.insert(0, str(REPO_ROOT / "cdk"))
 from moeless_cdk import MoelessStacks, build_app  # noqa: E402
 from moeless_cdk.api import COMPLETION_SCHEMA  # noqa: E402
 from moeless_cdk.config import DeployConfig, DeployConfigError, config_from_context  # noqa: E402
-from moeless_cdk.experts import FUNCTIONS_PER_SHARD  # noqa: E402
 from moeless_cdk.profile import LEFT_OUT_ON_LOCALSTACK, Target  # noqa: E402
+from moeless_cdk.startup import Startup  # noqa: E402
 
 CDK_JSON = json.loads((REPO_ROOT / "cdk" / "cdk.json").read_text())
 CFN_RESOURCES_PER_STACK = 500
@@ -96,19 +96,38 @@ class TestExperts:
             hosted = ",".join(f"{layer}:{expert}" for layer, expert in spec.experts)
             assert props["Environment"]["Variables"]["MOELESS_EXPERTS"] == hosted
             assert json.dumps(props["Environment"]["Variables"]["MOELESS_EXPERTS_URI"]).endswith(
-                '/dev/artifacts"]]}'
+                f'/dev/artifacts/{config.package_digest}"]]}}'
             )
 
-    def test_each_alias_carries_the_plans_provisioned_concurrency(self, tiny_deploy):
+    def test_aliases_leave_provisioned_concurrency_to_the_deploy(self, tiny_deploy):
+        # a failed allocation inside the stack would roll back every function of it
         config, stacks, _ = tiny_deploy
         aliases = resources(function_templates(stacks), "AWS::Lambda::Alias")
         assert len(aliases) == len(config.plan.functions)
         assert all(a["Properties"]["Name"] == "live" for a in aliases)
-        provisioned = sorted(
-            a["Properties"].get("ProvisionedConcurrencyConfig", {}).get("ProvisionedConcurrentExecutions", 0)
-            for a in aliases
-        )
-        assert provisioned == sorted(spec.provisioned_concurrency for spec in config.plan.functions)
+        assert not [a for a in aliases if "ProvisionedConcurrencyConfig" in a["Properties"]]
+
+    def test_a_new_package_rolls_the_functions_and_the_task(self, tiny_deploy, tmp_path):
+        # given the same plan with one expert file changed (a new package)
+        config, stacks, _ = tiny_deploy
+        changed = replace(config.manifest.experts[0], sha256="f" * 64)
+        manifest = replace(config.manifest, experts=[changed, *config.manifest.experts[1:]])
+        new_stacks, _ = synth(replace(config, manifest=manifest), tmp_path)
+
+        def versions(stacks: MoelessStacks) -> set[str]:
+            return {k for t in function_templates(stacks) for k in t.find_resources("AWS::Lambda::Version")}
+
+        def task_environment(stacks: MoelessStacks) -> str:
+            task = Template.from_stack(stacks.backbone).find_resources("AWS::ECS::TaskDefinition")
+            return json.dumps(
+                [t["Properties"]["ContainerDefinitions"][0]["Environment"] for t in task.values()]
+            )
+
+        # then every function publishes a new version (the alias moves) and the task definition changes
+        assert manifest.digest() != config.package_digest
+        assert not versions(stacks) & versions(new_stacks)
+        assert manifest.digest() in task_environment(new_stacks)
+        assert config.package_digest in task_environment(stacks)
 
     def test_functions_share_one_role_that_reads_only_the_package(self, tiny_deploy):
         _, stacks, _ = tiny_deploy
@@ -146,13 +165,76 @@ class TestBackbone:
             "AWS::EC2::LaunchTemplate",
             {"LaunchTemplateData": Match.object_like({"InstanceType": "g5.xlarge"})},
         )
-        assert "amazon-linux-2/gpu" in json.dumps(template.to_json()["Parameters"])
+        # Amazon Linux 2023's GPU AMI (AL2's reached its end of support on 2026-06-30)
+        parameters = json.dumps(template.to_json()["Parameters"])
+        assert "amazon-linux-2023/gpu" in parameters and "amazon-linux-2/gpu" not in parameters
         template.resource_count_is("AWS::ElasticLoadBalancingV2::LoadBalancer", 1)
         template.has_resource_properties(
             "AWS::ElasticLoadBalancingV2::TargetGroup",
             {"HealthCheckPath": "/healthz", "HealthCheckProtocol": "HTTP"},
         )
         template.resource_count_is("AWS::ApplicationAutoScaling::ScalingPolicy", 1)
+
+    def test_health_check_within_ecs_ranges_and_long_enough_for_the_start(self, tiny_deploy):
+        config, stacks, _ = tiny_deploy
+        template = Template.from_stack(stacks.backbone)
+        (task,) = template.find_resources("AWS::ECS::TaskDefinition").values()
+        check = task["Properties"]["ContainerDefinitions"][0]["HealthCheck"]
+        # ECS: StartPeriod 0-300 s, Interval 5-300 s, Retries 1-10 (botocore's ECS model)
+        assert (
+            0 <= check["StartPeriod"] <= 300 and 5 <= check["Interval"] <= 300 and 1 <= check["Retries"] <= 10
+        )
+        assert (
+            check["StartPeriod"] + check["Retries"] * check["Interval"] >= Startup.of(config).expected_start_s
+        )
+
+    def test_balancer_admits_the_vpc_link_through_privatelink(self, tiny_deploy):
+        _, stacks, _ = tiny_deploy
+        template = Template.from_stack(stacks.backbone)
+        template.has_resource_properties(
+            "AWS::ElasticLoadBalancingV2::LoadBalancer",
+            {"EnforceSecurityGroupInboundRulesOnPrivateLinkTraffic": "off", "Scheme": "internal"},
+        )
+
+    def test_rollout_room_s3_endpoint_and_a_cache_volume_from_the_plan(self, tiny_deploy):
+        config, stacks, _ = tiny_deploy
+        template = Template.from_stack(stacks.backbone)
+        template.has_resource_properties(
+            "AWS::AutoScaling::AutoScalingGroup", {"MaxSize": str(config.backbone_max_tasks + 1)}
+        )
+        template.has_resource_properties(
+            "AWS::ECS::Service",
+            {
+                "DeploymentConfiguration": Match.object_like(
+                    {"MaximumPercent": 200, "MinimumHealthyPercent": 100}
+                )
+            },
+        )
+        (endpoint,) = template.find_resources("AWS::EC2::VPCEndpoint").values()
+        assert endpoint["Properties"]["VpcEndpointType"] == "Gateway"
+        assert ".s3" in json.dumps(endpoint["Properties"]["ServiceName"])
+        startup = Startup.of(config)
+        template.has_resource_properties(
+            "AWS::EC2::LaunchTemplate",
+            {
+                "LaunchTemplateData": Match.object_like(
+                    {
+                        "BlockDeviceMappings": [
+                            Match.object_like({"Ebs": Match.object_like({"VolumeSize": startup.volume_gib})})
+                        ]
+                    }
+                )
+            },
+        )
+        (task,) = template.find_resources("AWS::ECS::TaskDefinition").values()
+        assert task["Properties"]["Volumes"] == [
+            {"Host": {"SourcePath": "/var/lib/moeless/dev"}, "Name": "moeless-cache"}
+        ]
+        container = task["Properties"]["ContainerDefinitions"][0]
+        assert container["MountPoints"][0]["ContainerPath"] == startup.container_path
+        environment = {e["Name"]: e["Value"] for e in container["Environment"]}
+        assert environment["MOELESS_ARTIFACTS_CACHE"] == startup.container_path
+        assert int(environment["MOELESS_FALLBACK_CACHE_BYTES"]) == startup.fallback_cache_bytes > 0
 
     def test_iam_names_only_this_apps_functions(self, tiny_deploy):
         _, stacks, _ = tiny_deploy
@@ -204,10 +286,17 @@ class TestApi:
         template.has_resource_properties(
             "AWS::ApiGateway::Method", {"HttpMethod": "GET", "ApiKeyRequired": True}
         )
-        paths = {
-            r["Properties"]["PathPart"] for r in template.find_resources("AWS::ApiGateway::Resource").values()
-        }
-        assert paths == {"v1", "completions", "healthz"}
+        methods = template.find_resources("AWS::ApiGateway::Method")
+        assert len(methods) == len(PUBLIC_ROUTES)
+        # the two completion routes stream, up to API Gateway's 15 minutes; the rest are buffered
+        modes = sorted(
+            (
+                m["Properties"]["Integration"]["ResponseTransferMode"],
+                m["Properties"]["Integration"]["TimeoutInMillis"],
+            )
+            for m in methods.values()
+        )
+        assert modes == [("BUFFERED", 29_000)] * 7 + [("STREAM", 900_000)] * 2
         template.resource_count_is("AWS::ApiGateway::ApiKey", 1)
         template.has_resource_properties(
             "AWS::ApiGateway::UsagePlan",
@@ -439,19 +528,21 @@ class TestLocalstackProfile:
     def test_localstack_routes_call_the_backbone_url_directly(self, profile):
         stacks, _ = profile
         template = Template.from_stack(stacks.api)
-        for method, path in (("POST", "/v1/completions"), ("GET", "/healthz")):
+        for route in PUBLIC_ROUTES:
             template.has_resource_properties(
                 "AWS::ApiGateway::Method",
                 {
-                    "HttpMethod": method,
+                    "HttpMethod": route.method,
                     "ApiKeyRequired": True,
-                    "Integration": {
-                        "Type": "HTTP_PROXY",
-                        "IntegrationHttpMethod": method,
-                        "Uri": f"http://127.0.0.1:8000{path}",
-                        "ConnectionType": Match.absent(),
-                        "TimeoutInMillis": 29000,
-                    },
+                    "Integration": Match.object_like(
+                        {
+                            "Type": "HTTP_PROXY",
+                            "IntegrationHttpMethod": route.method,
+                            "Uri": f"http://127.0.0.1:8000{route.path}",
+                            "ConnectionType": Match.absent(),
+                            "ResponseTransferMode": "STREAM" if route.streams else "BUFFERED",
+                        }
+                    ),
                 },
             )
         template.resource_count_is("AWS::ApiGateway::UsagePlan", 1)
@@ -539,35 +630,6 @@ def synthetic_manifest(layers: int, experts: int, hidden: int, intermediate: int
 def zipf_loads(layers: int, experts: int, seed: int = 0) -> Loads:
     rng = np.random.default_rng(seed)
     return Loads({layer: rng.zipf(1.3, experts).clip(1, 10_000).astype(float) for layer in range(layers)})
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    ("name", "layers", "experts", "shape", "workers"),
-    [
-        pytest.param("mixtral-8x7b", 32, 8, (4096, 14336), None, id="mixtral-32x8-one-function-per-replica"),
-        pytest.param("deepseek-v3", 58, 256, (7168, 2048), 8, id="deepseek-58x256-packed-by-worker"),
-    ],
-)
-def test_large_plans_fit_cloudformation_limits(tmp_path, name, layers, experts, shape, workers):
-    """Plans of real models' sizes synthesise within CloudFormation's per-stack limits."""
-    manifest = synthetic_manifest(layers, experts, *shape)
-    plan = make_plan(zipf_loads(layers, experts), PlanRequest(policy="moeless", workers=workers), manifest)
-    if workers:
-        assert max(len(f.experts) for f in plan.functions) > 1  # several experts per function
-    config = DeployConfig(artifacts=tmp_path, manifest=manifest, plan=plan, stage="big")
-    stacks, outdir = synth(config, tmp_path / "out")
-    assert len(stacks.experts.shards) == -(-len(plan.functions) // FUNCTIONS_PER_SHARD)
-    templates = list(outdir.glob("*.template.json"))
-    functions = 0
-    for path in templates:
-        assert path.stat().st_size < CFN_TEMPLATE_BYTES, path.name
-        template = json.loads(path.read_text())
-        assert len(template["Resources"]) <= CFN_RESOURCES_PER_STACK, path.name
-        if "Experts" in path.name:
-            functions += sum(r["Type"] == "AWS::Lambda::Function" for r in template["Resources"].values())
-    assert functions == len(plan.functions)
-    assert len(templates) == 4 + len(stacks.experts.shards)
 
 
 @pytest.mark.slow

@@ -24,8 +24,10 @@ from cli.main import cli
 from moeless.artifacts.store import download_artifacts, upload_artifacts
 from moeless.contracts.manifest import load_manifest
 from moeless.contracts.plan import one_function_per_expert
+from moeless.contracts.rest import PUBLIC_ROUTES
 from moeless.deployment.cloud_mirror import mirror_deployment
-from moeless.deployment.deploy import DeployError, DeployRequest, deploy, destroy, synthesize
+from moeless.deployment.deploy import DeployError, DeployRequest, check, deploy, destroy, synthesize
+from moeless.deployment.preflight import PlanDoesNotFit
 from moeless.errors import ArtifactError
 
 
@@ -123,11 +125,12 @@ class TestMirror:
 
         s3 = session.client("s3", endpoint_url=moto_url)
         keys = {o["Key"] for o in s3.list_objects_v2(Bucket=report.bucket)["Contents"]}
-        assert "mirror/plan.json" in keys and "mirror/artifacts/manifest.json" in keys
+        digest = load_manifest(artifacts).digest()
+        assert {f"mirror/plans/{plan.digest()}.json", f"mirror/artifacts/{digest}/manifest.json"} <= keys
 
         apigw = session.client("apigateway", endpoint_url=moto_url)
         paths = {r["path"]: r for r in apigw.get_resources(restApiId=report.api_id)["items"]}
-        assert {"/v1/completions", "/healthz"} <= set(paths)
+        assert {route.path for route in PUBLIC_ROUTES} <= set(paths)
         method = apigw.get_method(
             restApiId=report.api_id, resourceId=paths["/v1/completions"]["id"], httpMethod="POST"
         )
@@ -171,13 +174,63 @@ class RecordingCdk:
         return subprocess.CompletedProcess(command, 0)
 
 
-class EndpointSession:
-    """A boto3 Session whose clients all talk to moto."""
+class AccountLambda:
+    """The Lambda control plane of an account, for what moto lacks (account settings, provisioned
+    concurrency): ``limit`` concurrent executions, the stage's functions deployed as ``deployed``,
+    and allocations that end READY, or FAILED for the functions in ``failing``."""
 
-    def __init__(self, session: boto3.Session, url: str) -> None:
-        self.session, self.url = session, url
+    class exceptions:
+        class ResourceNotFoundException(Exception):
+            pass
+
+        class ProvisionedConcurrencyConfigNotFoundException(Exception):
+            pass
+
+    def __init__(self, limit: int = 1000, deployed: list[str] = (), failing: set[str] = frozenset()) -> None:
+        self.limit, self.deployed, self.failing = limit, list(deployed), failing
+        self.provisioned: dict[str, int] = {}
+
+    def get_account_settings(self) -> dict:
+        return {
+            "AccountLimit": {"ConcurrentExecutions": self.limit, "UnreservedConcurrentExecutions": self.limit}
+        }
+
+    def get_paginator(self, operation: str):
+        assert operation == "list_functions"
+        pages = [{"Functions": [{"FunctionName": name} for name in self.deployed]}]
+        return type("Paginator", (), {"paginate": lambda _self: iter(pages)})()
+
+    def get_function_concurrency(self, FunctionName: str) -> dict:
+        if FunctionName not in self.deployed:
+            raise self.exceptions.ResourceNotFoundException(FunctionName)
+        return {}
+
+    def get_provisioned_concurrency_config(self, FunctionName: str, Qualifier: str) -> dict:
+        if FunctionName not in self.provisioned:
+            raise self.exceptions.ProvisionedConcurrencyConfigNotFoundException(FunctionName)
+        failed = FunctionName in self.failing
+        return {
+            "RequestedProvisionedConcurrentExecutions": self.provisioned[FunctionName],
+            "Status": "FAILED" if failed else "READY",
+            "StatusReason": "init failed" if failed else "",
+        }
+
+    def put_provisioned_concurrency_config(
+        self, FunctionName: str, Qualifier: str, ProvisionedConcurrentExecutions: int
+    ) -> None:
+        self.provisioned[FunctionName] = ProvisionedConcurrentExecutions
+
+
+class EndpointSession:
+    """A boto3 Session whose clients all talk to moto, but Lambda's control plane (``lam``)."""
+
+    def __init__(self, session: boto3.Session, url: str, lam: AccountLambda | None = None) -> None:
+        self.session, self.url, self.lam = session, url, lam or AccountLambda()
+        self.region_name = session.region_name
 
     def client(self, service: str):
+        if service == "lambda":
+            return self.lam
         return self.session.client(service, endpoint_url=self.url)
 
 
@@ -189,20 +242,46 @@ def fake_cdk_dir(tmp_path: Path) -> Path:
     return cdk_dir
 
 
+def stage_functions(artifacts: Path, stage: str = "t") -> list[str]:
+    return [f.name for f in planned(artifacts).prefixed(f"moeless-{stage}-").functions]
+
+
 class TestDeploy:
-    def test_artifacts_stack_then_upload_then_all_stacks_then_key(self, tiny, moto_url, session, tmp_path):
+    def test_check_then_artifacts_stack_then_upload_then_all_stacks_then_concurrency_then_key(
+        self, tiny, moto_url, session, tmp_path
+    ):
         artifacts = tiny.package()
-        planned(artifacts).save(tmp_path / "plan.json")
+        plan = planned(artifacts)
+        plan.save(tmp_path / "plan.json")
         request = DeployRequest(artifacts, tmp_path / "plan.json", stage="t", cdk_dir=fake_cdk_dir(tmp_path))
         cdk = RecordingCdk(session, moto_url)
-        result = deploy(request, EndpointSession(session, moto_url), runner=cdk, say=lambda _m: None)
+        lam = AccountLambda(deployed=stage_functions(artifacts), failing={stage_functions(artifacts)[1]})
+        said: list[str] = []
+        result = deploy(request, EndpointSession(session, moto_url, lam), runner=cdk, say=said.append)
         verbs = [(c[1], c[2]) for c in cdk.commands]
         assert verbs == [("deploy", "Moeless-t-Artifacts"), ("deploy", "--all")]
         assert f"moeless:plan={(tmp_path / 'plan.json').resolve()}" in cdk.commands[0]
         s3 = session.client("s3", endpoint_url=moto_url)
         keys = {o["Key"] for o in s3.list_objects_v2(Bucket="moeless-t-bucket")["Contents"]}
-        assert {"t/plan.json", "t/artifacts/manifest.json"} <= keys
+        digest = load_manifest(artifacts).digest()
+        assert {f"t/plans/{plan.digest()}.json", f"t/artifacts/{digest}/manifest.json"} <= keys
         assert result.endpoint.startswith("https://") and len(result.api_key) >= 20
+        # provisioned concurrency is set after the stacks, and a failed allocation is reported
+        assert lam.provisioned == {stage_functions(artifacts)[1]: 1}
+        assert [a.status for a in result.allocations] == ["FAILED"] == [a.status for a in result.unallocated]
+        assert any("not ready" in line and "init failed" in line for line in said)
+        assert said[0].startswith("[1/6] checking the account")
+
+    def test_a_plan_the_account_cannot_hold_stops_before_any_stack(self, tiny, moto_url, session, tmp_path):
+        artifacts = tiny.package()
+        plan = planned(artifacts)
+        plan.functions[2].reserved_concurrency = 950
+        plan.save(tmp_path / "plan.json")
+        request = DeployRequest(artifacts, tmp_path / "plan.json", stage="t", cdk_dir=fake_cdk_dir(tmp_path))
+        cdk = RecordingCdk(session, moto_url)
+        with pytest.raises(PlanDoesNotFit, match="ask for 55 more"):
+            deploy(request, EndpointSession(session, moto_url), runner=cdk, say=lambda _m: None)
+        assert cdk.commands == []
 
     def test_a_failing_step_names_itself_and_stops(self, tiny, moto_url, session, tmp_path):
         request = DeployRequest(tiny.package(), stage="t", cdk_dir=fake_cdk_dir(tmp_path))
@@ -211,16 +290,43 @@ class TestDeploy:
             deploy(request, EndpointSession(session, moto_url), runner=cdk, say=lambda _m: None)
         assert len(cdk.commands) == 1
 
-    def test_destroy_runs_cdk_destroy_for_every_stack(self, tiny, tmp_path):
+    def test_destroy_then_deploy_again(self, tiny, moto_url, session, tmp_path):
+        # given a stage whose stacks a `cdk destroy` removed, leaving the retained bucket and repositories
+        request = DeployRequest(tiny.package(), stage="again", cdk_dir=fake_cdk_dir(tmp_path))
+        endpoint = EndpointSession(session, moto_url)
+        account = session.client("sts", endpoint_url=moto_url).get_caller_identity()["Account"]
+        bucket = request.names.bucket(account, "us-east-1")
+        s3 = session.client("s3", endpoint_url=moto_url)
+        s3.create_bucket(Bucket=bucket)
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        s3.put_object(Bucket=bucket, Key="again/artifacts/x", Body=b"1")
+        s3.put_object(Bucket=bucket, Key="again/artifacts/x", Body=b"2")
+        ecr = session.client("ecr", endpoint_url=moto_url)
+        ecr.create_repository(repositoryName=request.names.repository("expert"))
+        # then a deploy refuses at once, naming them and the way out
+        with pytest.raises(DeployError, match=f"bucket {bucket}, repository moeless-again-expert remain"):
+            deploy(request, endpoint, runner=RecordingCdk(session, moto_url), say=lambda _m: None)
+        # and `moeless destroy` removes them after the stacks, so the stage deploys again
         cdk = RecordingCdk(None, "")
-        destroy(DeployRequest(tiny.package(), stage="t", cdk_dir=fake_cdk_dir(tmp_path)), runner=cdk)
+        removed = destroy(request, endpoint, runner=cdk)
         assert cdk.commands[0][1:4] == ["destroy", "--all", "--app"] and "--force" in cdk.commands[0]
+        assert removed == [f"bucket {bucket}", "repository moeless-again-expert"]
+        assert bucket not in {b["Name"] for b in s3.list_buckets()["Buckets"]}
+        assert check(request, endpoint).shortfalls == ()
+
+    def test_destroy_keeping_data_removes_only_the_stacks(self, tiny, moto_url, session, tmp_path):
+        cdk = RecordingCdk(None, "")
+        request = DeployRequest(tiny.package(), stage="t", cdk_dir=fake_cdk_dir(tmp_path))
+        assert destroy(request, EndpointSession(session, moto_url), runner=cdk, keep_data=True) == []
+        assert len(cdk.commands) == 1
 
     def test_missing_cli_says_how_to_install_it(self, tiny, tmp_path):
         cdk_dir = fake_cdk_dir(tmp_path)
         (cdk_dir / "node_modules" / ".bin" / "cdk").unlink()
         with pytest.raises(DeployError, match="npm ci --prefix"):
-            destroy(DeployRequest(tiny.package(), cdk_dir=cdk_dir), runner=RecordingCdk(None, ""))
+            destroy(
+                DeployRequest(tiny.package(), cdk_dir=cdk_dir), session=None, runner=RecordingCdk(None, "")
+            )
 
 
 @pytest.mark.slow

@@ -40,6 +40,7 @@ from botocore.exceptions import ClientError  # noqa: E402
 
 from moeless.checkout import CDK_APP_DIR  # noqa: E402
 from moeless.contracts.manifest import load_manifest  # noqa: E402
+from moeless.contracts.rest import PUBLIC_ROUTES  # noqa: E402
 from moeless.deployment.deploy import (  # noqa: E402
     NODE_ENV,
     DeployError,
@@ -80,6 +81,15 @@ def post(url: str, body: dict, api_key: str | None) -> tuple[int, dict]:
     request = urllib.request.Request(url, json.dumps(body).encode(), headers)
     try:
         with urllib.request.urlopen(request, timeout=120) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def get(url: str, api_key: str) -> tuple[int, dict]:
+    request = urllib.request.Request(url, headers={"x-api-key": api_key})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as exc:
         return exc.code, json.loads(exc.read() or b"{}")
@@ -167,7 +177,10 @@ class TestMirror:
 
         bucket = MIRROR.bucket(ACCOUNT, REGION)
         keys = {o["Key"] for o in client("s3").list_objects_v2(Bucket=bucket)["Contents"]}
-        assert {MIRROR.plan_key, f"{MIRROR.artifacts_prefix}/manifest.json"} <= keys
+        digest = load_manifest(local_deploy.artifacts).digest()
+        package = MIRROR.package_prefix(digest)
+        assert {MIRROR.plan_key(planned(local_deploy.artifacts).digest()), f"{package}/manifest.json"} <= keys
+        assert variables["MOELESS_EXPERTS_URI"] == f"s3://{bucket}/{package}"
 
         api = api_named(MIRROR.api_name)
         assert api is not None
@@ -373,12 +386,13 @@ class TestCdkProfile:
         bucket = CDK.bucket(ACCOUNT, REGION)
         manifest = load_manifest(cdk_deployment.request.artifacts)
         for entry in manifest.experts:
-            key = f"{CDK.artifacts_prefix}/{entry.file}"
+            key = f"{CDK.package_prefix(manifest.digest())}/{entry.file}"
             head = s3.head_object(Bucket=bucket, Key=key)
             assert head["Metadata"]["sha256"] == entry.sha256
             body = s3.get_object(Bucket=bucket, Key=key)["Body"].read()
             assert hashlib.sha256(body).hexdigest() == entry.sha256 and len(body) == entry.bytes
-        plan = json.loads(s3.get_object(Bucket=bucket, Key=CDK.plan_key)["Body"].read())
+        plan_key = CDK.plan_key(planned(cdk_deployment.request.artifacts).digest())
+        plan = json.loads(s3.get_object(Bucket=bucket, Key=plan_key)["Body"].read())
         assert len(plan["functions"]) == len(manifest.experts)
 
     def test_localstack_roles_and_policies_name_only_this_stage(self, cdk_deployment):
@@ -419,14 +433,16 @@ class TestCdkProfile:
         assert api is not None and api["apiKeySource"] == "HEADER"
         assert cdk_deployment.result.endpoint.startswith(f"https://{api['id']}.")
         resources = {r["path"]: r for r in apigw.get_resources(restApiId=api["id"])["items"]}
-        assert set(resources) == {"/", "/v1", "/v1/completions", "/healthz"}
-        for method, path in (("POST", "/v1/completions"), ("GET", "/healthz")):
-            found = apigw.get_method(restApiId=api["id"], resourceId=resources[path]["id"], httpMethod=method)
+        assert {route.path for route in PUBLIC_ROUTES} <= set(resources)
+        for route in PUBLIC_ROUTES:
+            found = apigw.get_method(
+                restApiId=api["id"], resourceId=resources[route.path]["id"], httpMethod=route.method
+            )
             assert found["apiKeyRequired"] is True
             assert found["methodIntegration"]["type"] == "HTTP_PROXY"
             assert (
                 found["methodIntegration"]["uri"]
-                == f"{cdk_deployment.request.context['moeless:backboneUrl']}{path}"
+                == f"{cdk_deployment.request.context['moeless:backboneUrl']}{route.path}"
             )
         (validator,) = apigw.get_request_validators(restApiId=api["id"])["items"]
         assert validator["validateRequestBody"] is True
@@ -517,6 +533,33 @@ class TestCdkProfile:
         # the gateway's request model refuses a body without a prompt before the service sees it
         assert post(url, {"model": body["model"]}, cdk_deployment.result.api_key)[0] == 400
 
+    def test_localstack_streamed_chat_completion_through_api_gateway(self, cdk_deployment, local_deploy):
+        api = api_named(CDK.api_name)
+        url = stage_url(api["id"], CDK.stage, "/v1/chat/completions")
+        body = {
+            "model": local_deploy.artifacts.name,
+            "messages": [{"role": "user", "content": PROMPT}],
+            "max_tokens": MAX_TOKENS,
+            "temperature": 0,
+            "stream": True,
+        }
+        headers = {"Content-Type": "application/json", "x-api-key": cdk_deployment.result.api_key}
+        request = urllib.request.Request(url, json.dumps(body).encode(), headers)
+        with urllib.request.urlopen(request, timeout=120) as response:
+            assert response.headers["Content-Type"].startswith("text/event-stream")
+            lines = response.read().splitlines()
+        records = [line.removeprefix(b"data: ") for line in lines if line.startswith(b"data: ")]
+        assert records[-1] == b"[DONE]"
+        chunks = [json.loads(record) for record in records[:-1]]
+        assert all(chunk["object"] == "chat.completion.chunk" for chunk in chunks)
+        deltas = [chunk["choices"][0]["delta"].get("content") for chunk in chunks if chunk["choices"]]
+        finishes = [chunk["choices"][0]["finish_reason"] for chunk in chunks if chunk["choices"]]
+        # one record per token, not one buffered answer: several content deltas, then a finish
+        assert len([d for d in deltas if d]) > 1 and finishes[-1] in ("stop", "length")
+        # and the models route answers through the gateway too
+        status, models = get(stage_url(api["id"], CDK.stage, "/v1/models"), cdk_deployment.result.api_key)
+        assert status == 200 and models["data"][0]["id"] == local_deploy.artifacts.name
+
     def test_localstack_redeploy_is_a_no_op(self, cdk_deployment):
         before = snapshot()
         assert before["api"] and before["roles"] and before["vpcs"]
@@ -531,7 +574,8 @@ class TestCdkProfile:
         retained_roles = [
             r for r in resources_of(cdk_deployment, "AWS::IAM::Role") if r.get("DeletionPolicy") == "Retain"
         ]
-        destroy(cdk_deployment.request)
+        bucket = CDK.bucket(ACCOUNT, REGION)
+        removed = destroy(cdk_deployment.request, boto3.Session(region_name=REGION))
         after = snapshot()
         assert (after["api"], after["keys"], after["usage plans"], after["vpcs"]) == (None, [], [], [])
         # CDK retains API Gateway's account-level CloudWatch role; every other role goes
@@ -540,9 +584,12 @@ class TestCdkProfile:
         left = stage_log_groups()
         assert not [name for name in left if name.startswith("/aws/lambda/")]
         assert len(left) == len(retained) > 0
-        # and so do the buckets, package and all (as `moeless destroy` says)
-        key = f"{CDK.artifacts_prefix}/manifest.json"
-        assert client("s3").head_object(Bucket=CDK.bucket(ACCOUNT, REGION), Key=key)["ContentLength"] > 0
+        # the stacks retain the named bucket; `moeless destroy` removes it after them, so the stage
+        # can be deployed again (the unnamed access-log bucket stays)
+        assert removed == [f"bucket {bucket}"]
+        buckets = {b["Name"] for b in client("s3").list_buckets()["Buckets"]}
+        assert bucket not in buckets
+        assert [b for b in buckets if b.startswith(f"{CDK.stack_prefix.lower()}-artifacts-accesslogs")]
 
 
 def _list(value: Any) -> list:

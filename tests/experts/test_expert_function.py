@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,6 +84,51 @@ def test_provisioned_instance_reports_no_init(artifacts, monkeypatch):
     reply = function.invoke(encode_request(0, 0, np.zeros((1, 64), np.float32)))
     assert reply["init_ms"] == 0
     assert function.init_ms > 0
+
+
+def test_a_load_longer_than_the_init_wait_goes_on_into_the_first_invoke(artifacts, monkeypatch):
+    # given experts that take 0.5 s to read, and an init that waits 0.05 s for them (Lambda's
+    # on-demand init is limited to 10 s; the function waits 9)
+    import moeless.experts.function as module
+
+    def slow_read(root, entry):
+        time.sleep(0.5)
+        return read(root, entry)
+
+    read = module.read_verified
+    monkeypatch.setattr(module, "read_verified", slow_read)
+    started = time.perf_counter()
+    function = ExpertFunction(str(artifacts), [(0, 0)], threads=1, log_stream=io.StringIO(), init_wait_s=0.05)
+    # then init returns before the experts are loaded
+    assert time.perf_counter() - started < 0.4 and not function.sessions
+    # and the first invoke waits for them, reporting the whole load as its cold start
+    reply = function.invoke(encode_request(0, 0, np.ones((2, 64), np.float32)))
+    assert "error" not in reply and reply["init_ms"] >= 500
+
+
+def test_a_failed_load_after_init_fails_the_invoke_that_waits_for_it(artifacts, monkeypatch):
+    import moeless.experts.function as module
+
+    def broken_read(root, entry):
+        time.sleep(0.2)
+        raise ArtifactError(f"{entry.file} does not match its manifest checksum: refusing to load")
+
+    monkeypatch.setattr(module, "read_verified", broken_read)
+    function = ExpertFunction(str(artifacts), [(0, 0)], threads=1, log_stream=io.StringIO(), init_wait_s=0.01)
+    with pytest.raises(ArtifactError, match="checksum"):
+        function.invoke(encode_request(0, 0, np.ones((1, 64), np.float32)))
+
+
+def test_an_on_demand_environment_waits_9_s_a_provisioned_one_until_loaded(artifacts, monkeypatch):
+    import moeless.experts.function as module
+
+    waits = []
+    monkeypatch.setattr(module.threading.Thread, "join", lambda self, timeout=None: waits.append(timeout))
+    monkeypatch.setenv("MOELESS_EXPERTS_URI", str(artifacts))
+    for kind in ("on-demand", "provisioned-concurrency"):
+        monkeypatch.setenv("AWS_LAMBDA_INITIALIZATION_TYPE", kind)
+        ExpertFunction.from_env(os.environ)._ready()
+    assert waits == [module.ON_DEMAND_INIT_WAIT_S, None]
 
 
 @pytest.mark.parametrize(

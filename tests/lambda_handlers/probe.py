@@ -1,6 +1,7 @@
 """A Lambda handler that does what the event asks: the local host's tests drive it.
 
 Events: ``{}`` (answer at once), ``{"sleep": s}``, ``{"raise": "message"}``, ``{"exit": code}``.
+Init: ``PROBE_FAIL_INIT`` makes it raise, ``PROBE_INIT_SLEEP`` (seconds) makes it slow.
 """
 
 import os
@@ -8,6 +9,7 @@ import time
 
 if os.environ.get("PROBE_FAIL_INIT"):
     raise RuntimeError("init failed on purpose")
+time.sleep(float(os.environ.get("PROBE_INIT_SLEEP", "0")))
 
 
 def handler(event, context):

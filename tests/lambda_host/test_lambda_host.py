@@ -11,10 +11,8 @@ import base64
 import json
 import os
 import signal
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -24,23 +22,11 @@ import pytest
 from moeless.contracts.manifest import load_manifest
 from moeless.contracts.payload import decode_matrix, encode_request
 from moeless.contracts.plan import one_function_per_expert
-from moeless.lambda_host import FunctionConfig, LambdaHost
+from moeless.lambda_host import LambdaHost
 from moeless.lambda_host.experts import expert_function_configs
-from tests.lambda_helpers import call, lambda_client, wait_for
+from tests.lambda_helpers import call, lambda_client, probe, running, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
-PROBE_ROOT = Path(__file__).resolve().parents[1] / "lambda_handlers"
-
-
-def probe(name: str = "probe", **overrides) -> FunctionConfig:
-    fields = {"task_root": PROBE_ROOT, "handler": "probe.handler", "python": sys.executable} | overrides
-    return FunctionConfig(name, **fields)
-
-
-@contextmanager
-def running(*functions: FunctionConfig, **options):
-    with LambdaHost(list(functions), **options) as host:
-        yield host, lambda_client(host.endpoint_url)
 
 
 # --- expert functions ---------------------------------------------------------------------------
