@@ -1,14 +1,16 @@
 """FastAPI routes over :class:`moeless.serving.backbone.Backbone`: OpenAI completions and chat completions,
-models, health, metrics.
+models, vLLM's health, version and tokenizer routes, metrics.
 
 Every error is in OpenAI's shape (:mod:`backbone_service.errors`): a 4xx for anything the client
-can fix (bad JSON, a field out of range or of the wrong type, an unknown model, a prompt too
-long, a body too large), 429/503 with ``Retry-After`` when the server is full or stopping.
+can fix (bad JSON, a body that is not JSON, a field out of range or of the wrong type, an unknown
+model, a prompt too long, a body too large), 429/503 with ``Retry-After`` when the server is full or
+stopping.
 
 The event loop only moves bytes: parsing, validation, chat templating and tokenising run in the
-thread pool (a 1 MB prompt takes seconds to tokenise; ``/healthz`` must answer meanwhile). A
-request's prompts enter the engine all or none, and a client that hangs up has its sequences
-cancelled at the next step boundary (no more expert invokes billed for it).
+thread pool (:mod:`backbone_service.prepare`; a 1 MB prompt takes seconds to tokenise and
+``/healthz`` must answer meanwhile). A request's prompts enter the engine all or none, and a client
+that hangs up has its sequences cancelled at the next step boundary (no more expert invokes billed
+for it).
 """
 
 from __future__ import annotations
@@ -16,31 +18,30 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
-from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from backbone_service.errors import EndpointError, install_error_handlers
 from backbone_service.metrics import metrics_text
-from backbone_service.openapi import ERROR_RESPONSES, install_openapi
+from backbone_service.openapi import BODY_ERRORS, ERROR_RESPONSES, install_openapi
+from backbone_service.prepare import Prepared, check_model, prepare_chat, prepare_completion, read_body
 from backbone_service.schemas import (
-    DEFAULT_MAX_TOKENS,
-    ChatCompletionRequest,
     ChatCompletionResponse,
-    CompletionRequest,
     CompletionResponse,
+    DetokenizeResponse,
     ModelCard,
     ModelList,
+    TokenizeResponse,
+    VersionResponse,
 )
-from moeless.model.chat_template import render_chat
+from backbone_service.shapes import ChatShape, CompletionShape, Shape, TokenLogprobs
+from backbone_service.tokens import detokenize, tokenize
 from moeless.serving.backbone import Backbone
-from moeless.serving.generation import Event, Overloaded, SamplingParams, Sequence, ShuttingDown
+from moeless.serving.generation import Event, Overloaded, Sequence, ShuttingDown
 from moeless.version import __version__
 
 # Server-sent events are a sequence of records, not one JSON value or string: the schema only
@@ -53,34 +54,51 @@ STREAM_CONTENT = {
 CLIENT_GONE = -1  # the index of the event that says the client hung up
 
 
-@dataclass
-class Prepared:
-    """A validated request, ready for the engine: one ``(prompt_ids, prompt_text)`` per prompt."""
-
-    body: CompletionRequest | ChatCompletionRequest
-    prompts: list[tuple[list[int], str]]
-    params: SamplingParams
-
-
 def create_app(backbone: Backbone) -> FastAPI:
     """The REST app of one loaded backbone."""
     app = FastAPI(title="moeless backbone service", version=__version__)
     app.state.backbone = backbone
     install_error_handlers(app, backbone.stats)
-    created = int(time.time())
-    card = {"id": backbone.model_name, "object": "model", "created": created, "owned_by": "moeless"}
+    name = backbone.model_name
+    card = {
+        "id": name,
+        "object": "model",
+        "created": int(time.time()),
+        "owned_by": "moeless",
+        "root": name,
+        "parent": None,
+        "max_model_len": backbone.max_context,
+    }
 
     @app.get("/healthz")
     async def healthz() -> dict[str, Any]:
         active, waiting = backbone.engine.load()
         return {
             "status": "ok",
-            "model": backbone.model_name,
+            "model": name,
             "device": backbone.device,
             "experts": backbone.config.lambda_endpoint or "aws",
             "active": active,
             "waiting": waiting,
         }
+
+    @app.get(
+        "/health",
+        response_class=Response,
+        responses={
+            200: {"description": "the server takes requests (an empty body)"},
+            503: ERROR_RESPONSES[503],
+        },
+    )
+    async def health() -> Response:
+        """vLLM's liveness probe: 200 and no body while the engine takes requests."""
+        if backbone.engine.stopping:
+            raise EndpointError(503, "the server is shutting down", "shutting_down")
+        return Response(status_code=200)
+
+    @app.get("/version", response_model=VersionResponse)
+    async def version() -> dict[str, str]:
+        return {"version": __version__}
 
     @app.get(
         "/metrics",
@@ -97,8 +115,7 @@ def create_app(backbone: Backbone) -> FastAPI:
 
     @app.get("/v1/models/{model_id}", response_model=ModelCard, responses={404: ERROR_RESPONSES[404]})
     async def model(model_id: str) -> dict[str, Any]:
-        if model_id != backbone.model_name:
-            raise EndpointError(404, _not_served(backbone, model_id), "model_not_found", "model")
+        check_model(backbone, model_id)
         return card
 
     @app.post(
@@ -109,7 +126,7 @@ def create_app(backbone: Backbone) -> FastAPI:
     async def completions(request: Request) -> Response:
         raw = await read_body(request, backbone.config.max_body_bytes)
         prepared = await run_in_threadpool(prepare_completion, backbone, raw)
-        return await _run(request, backbone, prepared, _CompletionShape(backbone.model_name))
+        return await _run(request, backbone, prepared, CompletionShape(name, _spelling(backbone, prepared)))
 
     @app.post(
         "/v1/chat/completions",
@@ -119,136 +136,33 @@ def create_app(backbone: Backbone) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         raw = await read_body(request, backbone.config.max_body_bytes)
         prepared = await run_in_threadpool(prepare_chat, backbone, raw)
-        return await _run(request, backbone, prepared, _ChatShape(backbone.model_name))
+        return await _run(request, backbone, prepared, ChatShape(name, _spelling(backbone, prepared)))
+
+    @app.post("/tokenize", response_model=None, responses={200: {"model": TokenizeResponse}, **BODY_ERRORS})
+    async def tokenize_route(request: Request) -> Response:
+        raw = await read_body(request, backbone.config.max_body_bytes)
+        return JSONResponse(await run_in_threadpool(tokenize, backbone, raw))
+
+    @app.post(
+        "/detokenize", response_model=None, responses={200: {"model": DetokenizeResponse}, **BODY_ERRORS}
+    )
+    async def detokenize_route(request: Request) -> Response:
+        raw = await read_body(request, backbone.config.max_body_bytes)
+        return JSONResponse(await run_in_threadpool(detokenize, backbone, raw))
 
     install_openapi(app, backbone)
     return app
 
 
-# --- reading and checking a request (the thread pool) ----------------------------------------------
-
-
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refused with 413 as soon as it is over ``limit`` bytes (never read whole)."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise EndpointError(
-            413, f"the request body is {declared} bytes; the limit is {limit}", "request_too_large"
-        )
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise EndpointError(
-                413, f"the request body is over the limit of {limit} bytes", "request_too_large"
-            )
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def parse_body(raw: bytes, model: type[BaseModel]) -> Any:
-    """``raw`` as a validated ``model``; every way it can be wrong is a 400 with a reason."""
-    try:
-        data = json.loads(raw.decode("utf-8"))
-    except UnicodeDecodeError:
-        raise EndpointError(400, "the request body is not UTF-8", "invalid_json") from None
-    except RecursionError:
-        raise EndpointError(400, "the request body is nested too deeply", "invalid_json") from None
-    except ValueError as exc:
-        raise EndpointError(400, f"the request body is not valid JSON: {exc}", "invalid_json") from None
-    if not isinstance(data, dict):
-        raise EndpointError(400, "the request body must be a JSON object", "invalid_json")
-    try:  # "\ud800" is valid JSON, but no UTF-8 text: the tokenizer would fail on it
-        json.dumps(data, ensure_ascii=False).encode("utf-8")
-    except UnicodeEncodeError:
-        raise EndpointError(
-            400, "a string in the request body has a lone surrogate (\\ud800-\\udfff)", "invalid_value"
-        ) from None
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        param = str(first["loc"][0]) if first.get("loc") else None
-        raise EndpointError(
-            400, f"{param}: {first['msg']}" if param else first["msg"], "invalid_value", param
-        ) from None
-
-
-def _not_served(backbone: Backbone, name: str) -> str:
-    return f"model {name!r} is not served here (serving {backbone.model_name!r})"
-
-
-def _check_common(backbone: Backbone, body: CompletionRequest | ChatCompletionRequest) -> SamplingParams:
-    if body.model != backbone.model_name:
-        raise EndpointError(404, _not_served(backbone, body.model), "model_not_found", "model")
-    limit = backbone.config.max_tokens_limit
-    max_tokens = body.completion_limit or min(DEFAULT_MAX_TOKENS, limit)
-    if max_tokens > limit:
-        raise EndpointError(
-            400,
-            f"max_tokens {max_tokens} is over this server's limit of {limit}",
-            "invalid_value",
-            "max_tokens",
-        )
-    return SamplingParams(max_tokens, body.temperature, body.top_p, body.stops(), body.seed)
-
-
-def _check_length(backbone: Backbone, ids: list[int], max_tokens: int, param: str) -> None:
-    if not ids:
-        raise EndpointError(400, "the prompt encodes to no tokens", "invalid_value", param)
-    if len(ids) + max_tokens > backbone.max_context:
-        raise EndpointError(
-            400,
-            f"the prompt is {len(ids)} tokens; with max_tokens {max_tokens} it exceeds the model's "
-            f"context of {backbone.max_context} tokens",
-            "context_length_exceeded",
-            param,
-        )
-
-
-def prepare_completion(backbone: Backbone, raw: bytes) -> Prepared:
-    body: CompletionRequest = parse_body(raw, CompletionRequest)
-    params = _check_common(backbone, body)
-    entries = body.prompts()
-    limit = backbone.config.max_prompts
-    if len(entries) > limit:
-        raise EndpointError(
-            400,
-            f"prompt has {len(entries)} prompts; this server takes at most {limit}",
-            "invalid_value",
-            "prompt",
-        )
-    prompts = []
-    for entry in entries:
-        if isinstance(entry, str):
-            ids, text = backbone.encode(entry), entry
-        else:
-            if bad := [i for i in entry if i >= backbone.vocab_size]:
-                raise EndpointError(
-                    400,
-                    f"token id {bad[0]} is outside the vocabulary of {backbone.vocab_size}",
-                    "invalid_value",
-                    "prompt",
-                )
-            ids, text = entry, backbone.tokenizer.decode(entry, skip_special_tokens=True)
-        _check_length(backbone, ids, params.max_tokens, "prompt")
-        prompts.append((ids, text))
-    return Prepared(body, prompts, params)
-
-
-def prepare_chat(backbone: Backbone, raw: bytes) -> Prepared:
-    body: ChatCompletionRequest = parse_body(raw, ChatCompletionRequest)
-    params = _check_common(backbone, body)
-    text = render_chat(backbone.tokenizer, [{"role": m.role, "content": m.text()} for m in body.messages])
-    ids = backbone.encode(text, add_special_tokens=False)
-    _check_length(backbone, ids, params.max_tokens, "messages")
-    return Prepared(body, [(ids, text)], params)
+def _spelling(backbone: Backbone, prepared: Prepared) -> Any | None:
+    """The tokenizer that spells the logprobs' tokens; ``None`` when none were asked for."""
+    return backbone.tokenizer if prepared.params.logprobs else None
 
 
 # --- running it (the event loop) -----------------------------------------------------------------
 
 
-async def _run(request: Request, backbone: Backbone, prepared: Prepared, shape: _Shape) -> Response:
+async def _run(request: Request, backbone: Backbone, prepared: Prepared, shape: Shape) -> Response:
     loop = asyncio.get_running_loop()
     events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
 
@@ -305,14 +219,16 @@ class _Run:
         completion = sum(len(s.generated) for s in self.sequences)
         return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
-    async def collect(self, shape: _Shape) -> Response:
+    async def collect(self, shape: Shape) -> Response:
         texts = [""] * len(self.sequences)
         reasons: list[str | None] = [None] * len(self.sequences)
+        logprobs: list[TokenLogprobs] = [[] for _ in self.sequences]
         pending = len(self.sequences)
         while pending:
             index, event = await self.events.get()
             if index == CLIENT_GONE:
                 return Response(status_code=499)  # nobody reads it
+            logprobs[index] += event.logprobs
             if event.kind == "text":
                 texts[index] += event.text
             elif event.kind == "done":
@@ -322,9 +238,9 @@ class _Run:
                 raise EndpointError(503, event.text, "shutting_down")
             else:
                 raise EndpointError(500, f"generation failed: {event.text}", "generation_failed")
-        return JSONResponse(shape.whole(texts, reasons, self.usage()))
+        return JSONResponse(shape.whole(texts, reasons, logprobs, self.usage()))
 
-    async def stream(self, shape: _Shape) -> AsyncIterator[str]:
+    async def stream(self, shape: Shape) -> AsyncIterator[str]:
         """Server-sent events in OpenAI's streaming shape, ending with ``data: [DONE]``."""
         include_usage = self.prepared.body.include_usage
         try:
@@ -356,71 +272,3 @@ def _sse(chunk: dict[str, Any], include_usage: bool = False) -> str:
     if include_usage and "usage" not in chunk:
         chunk["usage"] = None
     return f"data: {json.dumps(chunk)}\n\n"
-
-
-class _Shape:
-    """How one route spells its answers (completions and chat completions differ only here)."""
-
-    prefix = ""
-    kind = ""
-    chunk_kind = ""
-
-    def __init__(self, model: str) -> None:
-        self.model, self.id, self.created = model, f"{self.prefix}-{uuid.uuid4().hex}", int(time.time())
-
-    def _head(self, kind: str) -> dict[str, Any]:
-        return {"id": self.id, "object": kind, "created": self.created, "model": self.model}
-
-    def whole(self, texts: list[str], reasons: list[str | None], usage: dict[str, int]) -> dict[str, Any]:
-        choices = [
-            self.choice(i, text, reason) for i, (text, reason) in enumerate(zip(texts, reasons, strict=True))
-        ]
-        return self._head(self.kind) | {"choices": choices, "usage": usage}
-
-    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
-        return self._head(self.chunk_kind) | {"choices": [], "usage": usage}
-
-    def opening(self, index: int) -> dict[str, Any] | None:
-        return None
-
-    def choice(self, index: int, text: str, reason: str | None) -> dict[str, Any]:
-        raise NotImplementedError
-
-    def chunk(self, index: int, event: Event) -> dict[str, Any]:
-        raise NotImplementedError
-
-
-class _CompletionShape(_Shape):
-    prefix, kind, chunk_kind = "cmpl", "text_completion", "text_completion"
-
-    def choice(self, index: int, text: str, reason: str | None) -> dict[str, Any]:
-        return {"text": text, "index": index, "logprobs": None, "finish_reason": reason}
-
-    def chunk(self, index: int, event: Event) -> dict[str, Any]:
-        finish = event.finish_reason if event.kind == "done" else None
-        return self._head(self.chunk_kind) | {"choices": [self.choice(index, event.text, finish)]}
-
-
-class _ChatShape(_Shape):
-    prefix, kind, chunk_kind = "chatcmpl", "chat.completion", "chat.completion.chunk"
-
-    def choice(self, index: int, text: str, reason: str | None) -> dict[str, Any]:
-        message = {"role": "assistant", "content": text}
-        return {"index": index, "message": message, "logprobs": None, "finish_reason": reason}
-
-    def opening(self, index: int) -> dict[str, Any]:
-        delta = {"role": "assistant", "content": ""}
-        return self._head(self.chunk_kind) | {
-            "choices": [{"index": index, "delta": delta, "logprobs": None, "finish_reason": None}]
-        }
-
-    def chunk(self, index: int, event: Event) -> dict[str, Any]:
-        done = event.kind == "done"
-        delta = {} if done else {"content": event.text}
-        choice = {
-            "index": index,
-            "delta": delta,
-            "logprobs": None,
-            "finish_reason": event.finish_reason if done else None,
-        }
-        return self._head(self.chunk_kind) | {"choices": [choice]}

@@ -128,9 +128,9 @@ def serve(
 ) -> None:
     """Serve ARTIFACTS behind an OpenAI-style REST endpoint until Ctrl-C or SIGTERM.
 
-    POST /v1/completions and /v1/chat/completions, GET /v1/models, /healthz, /metrics. With
-    --local the experts run on a local Lambda host (awslambdaric processes) and its bill is printed
-    on shutdown.
+    POST /v1/completions and /v1/chat/completions, GET /v1/models, /tokenize, /detokenize,
+    /health, /version, /healthz, /metrics. With --local the experts run on a local Lambda host
+    (awslambdaric processes) and its bill is printed on shutdown.
     """
     from moeless.serving.backbone import BackboneConfig
 

@@ -75,15 +75,23 @@ class SamplingParams:
     top_p: float = 1.0
     stop: tuple[str, ...] = ()
     seed: int | None = None
+    logprobs: bool = False  # report each sampled token's log-probability (:attr:`Event.logprobs`)
 
 
 @dataclass
 class Event:
-    """What a request's listener receives: ``text`` deltas, then ``done`` or ``error``."""
+    """What a request's listener receives: ``text`` deltas, then ``done`` or ``error``.
+
+    With ``SamplingParams.logprobs``, a ``text`` or ``done`` event carries ``logprobs``: the
+    ``(token_id, logprob)`` of each token sampled since the previous event (a token whose text is
+    held back comes with the text that releases it), under the model's own distribution, before
+    temperature and top-p, as vLLM reports them. Over a request they are its completion tokens.
+    """
 
     kind: str
     text: str = ""
     finish_reason: str | None = None
+    logprobs: list[tuple[int, float]] = field(default_factory=list)
 
 
 @dataclass
@@ -97,6 +105,8 @@ class Sequence:
     routing: dict[int, Any] = field(default_factory=dict)
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
     generated: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)  # of ``generated`` (with params.logprobs)
+    reported: int = 0  # tokens of ``generated`` whose logprobs went out in an event
     text: str = ""
     emitted: int = 0
     finish_reason: str | None = None
@@ -127,6 +137,13 @@ def sample_token(logits: Any, params: SamplingParams, generator: Any) -> int:
         sorted_probs[outside] = 0.0
         probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
     return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+
+
+def token_logprob(logits: Any, token: int) -> float:
+    """``token``'s log-probability under the softmax of ``logits`` (float64: no underflow to -inf)."""
+    import torch
+
+    return float(torch.log_softmax(logits.double(), dim=-1)[token])
 
 
 def prefill_shares(remaining: list[int], chunk: int | None) -> list[int]:
@@ -421,10 +438,13 @@ class GenerationEngine:
 
     def _advance(self, sequence: Sequence) -> None:
         token = sample_token(sequence.logits, sequence.params, sequence.generator)
-        sequence.logits = None
         if token in self.eos_ids:
+            sequence.logits = None
             self._finish(sequence, "stop")
             return
+        if sequence.params.logprobs:
+            sequence.logprobs.append(token_logprob(sequence.logits, token))
+        sequence.logits = None
         sequence.generated.append(token)
         text = self.tokenizer.decode(sequence.generated, skip_special_tokens=True)
         stops = sequence.params.stop
@@ -439,14 +459,26 @@ class GenerationEngine:
             return
         safe = len(text.rstrip(REPLACEMENT_CHAR)) - stop_holdback(text, stops)
         if safe > sequence.emitted:
-            sequence.on_event(Event("text", text[sequence.emitted : safe]))
+            sequence.on_event(
+                Event("text", text[sequence.emitted : safe], logprobs=self._unreported(sequence))
+            )
             sequence.emitted = safe
+
+    @staticmethod
+    def _unreported(sequence: Sequence) -> list[tuple[int, float]]:
+        """The sampled tokens and logprobs not yet sent in an event (none without params.logprobs)."""
+        if not sequence.params.logprobs:
+            return []
+        start, sequence.reported = sequence.reported, len(sequence.generated)
+        return list(zip(sequence.generated[start:], sequence.logprobs[start:], strict=True))
 
     def _finish(self, sequence: Sequence, reason: str) -> None:
         sequence.finish_reason = reason
         sequence.cache = None
         if len(sequence.text) > sequence.emitted:
-            sequence.on_event(Event("text", sequence.text[sequence.emitted :]))
+            sequence.on_event(
+                Event("text", sequence.text[sequence.emitted :], logprobs=self._unreported(sequence))
+            )
             sequence.emitted = len(sequence.text)
         self.stats.inc("requests_completed")
         self.stats.inc("prompt_tokens", len(sequence.prompt_ids))
@@ -454,7 +486,7 @@ class GenerationEngine:
         self.stats.observe_request(time.perf_counter() - sequence.submitted_at)
         self.prewarm.after_request(sequence.prompt, sequence.routing)
         sequence.done.set()
-        sequence.on_event(Event("done", finish_reason=reason))
+        sequence.on_event(Event("done", finish_reason=reason, logprobs=self._unreported(sequence)))
 
     def _fail(self, sequence: Sequence, message: str) -> None:
         sequence.error = message
