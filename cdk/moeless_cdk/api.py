@@ -225,9 +225,21 @@ class ApiStack(Stack):
             ),
             visibility_config=visibility("aws-common"),
         )
+        # request patterns known to be malicious (Log4Shell's ${jndi:...} lookups among them)
+        known_bad = wafv2.CfnWebACL.RuleProperty(
+            name="aws-known-bad-inputs",
+            priority=1,
+            override_action=wafv2.CfnWebACL.OverrideActionProperty(none={}),
+            statement=wafv2.CfnWebACL.StatementProperty(
+                managed_rule_group_statement=wafv2.CfnWebACL.ManagedRuleGroupStatementProperty(
+                    vendor_name="AWS", name="AWSManagedRulesKnownBadInputsRuleSet"
+                )
+            ),
+            visibility_config=visibility("aws-known-bad-inputs"),
+        )
         rate = wafv2.CfnWebACL.RuleProperty(
             name="per-ip-rate",
-            priority=1,
+            priority=2,
             action=wafv2.CfnWebACL.RuleActionProperty(block={}),
             statement=wafv2.CfnWebACL.StatementProperty(
                 rate_based_statement=wafv2.CfnWebACL.RateBasedStatementProperty(
@@ -241,7 +253,7 @@ class ApiStack(Stack):
             "WebAcl",
             scope="REGIONAL",
             default_action=wafv2.CfnWebACL.DefaultActionProperty(allow={}),
-            rules=[common, rate],
+            rules=[common, known_bad, rate],
             visibility_config=visibility(config.names.api_name),
         )
         wafv2.CfnWebACLAssociation(

@@ -314,6 +314,13 @@ class TestApi:
         )
         template.resource_count_is("AWS::ApiGateway::VpcLink", 1)
         template.resource_count_is("AWS::WAFv2::WebACLAssociation", 1)
+        (acl,) = template.find_resources("AWS::WAFv2::WebACL").values()
+        groups = [
+            rule["Statement"].get("ManagedRuleGroupStatement", {}).get("Name")
+            for rule in acl["Properties"]["Rules"]
+        ]
+        # AWS's common rules, and its known bad inputs (Log4Shell lookups among them)
+        assert groups[:2] == ["AWSManagedRulesCommonRuleSet", "AWSManagedRulesKnownBadInputsRuleSet"]
 
     def test_gateway_schema_accepts_only_fields_the_service_knows(self):
         from backbone_service.schemas import CompletionRequest
