@@ -41,6 +41,13 @@ cdk_dir_option = click.option(
 )
 
 
+def aws_session(profile: str | None) -> Any:
+    """The boto3 Session of the account deployed to (``profile``: a named AWS profile)."""
+    import boto3
+
+    return boto3.Session(profile_name=profile)
+
+
 def deployment_options(command: Callable[..., Any]) -> Callable[..., Any]:
     """ARTIFACTS, --plan, --stage, --profile and --cdk-dir, handed to ``command`` as one
     :class:`moeless.deployment.deploy.DeployRequest` (its first argument); a bad plan is refused here,
@@ -150,13 +157,11 @@ def deploy(
         templates = sorted(p.name for p in output.glob("*.template.json"))
         click.echo(f"cloud assembly: {output} ({len(templates)} templates: {', '.join(templates)})")
         return
-    import boto3
-
     from moeless.deployment.deploy import check as check_account
     from moeless.deployment.deploy import deploy as run_deploy
     from moeless.deployment.preflight import require_fit
 
-    session = boto3.Session(profile_name=request.profile)
+    session = aws_session(request.profile)
     if check:
         fit = check_account(request, session, max_function_memory_mb)
         click.echo(fit.summary())
@@ -214,12 +219,10 @@ def _deploy_locally(request: DeployRequest, plan: Plan, aws_endpoint: str | None
 def destroy(request: DeployRequest, plan: Plan, yes: bool, keep_data: bool) -> None:
     """Delete a stage's stacks, deployed from ARTIFACTS, then its bucket and image repositories
     (the stacks retain them; a stage is deployed again only once they are gone)."""
-    import boto3
-
     from moeless.deployment.deploy import destroy as run_destroy
 
     what = "every stack" if keep_data else "every stack, the bucket and the image repositories"
     if not yes:
         click.confirm(f"Delete {what} of stage {request.stage!r}?", abort=True)
-    removed = run_destroy(request, boto3.Session(profile_name=request.profile), keep_data=keep_data)
+    removed = run_destroy(request, aws_session(request.profile), keep_data=keep_data)
     click.echo(f"stage {request.stage} destroyed" + (f"; removed {', '.join(removed)}" if removed else ""))

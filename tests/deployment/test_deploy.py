@@ -330,6 +330,35 @@ class TestDeploy:
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    ("limit", "memory_cap", "exit_code", "said"),
+    [
+        pytest.param(1000, 10_240, 0, "the account holds stage t's plan", id="holds"),
+        pytest.param(100, 10_240, 1, "ask for 5 more", id="too-little-concurrency"),
+        pytest.param(
+            1000,
+            2048,
+            1,
+            "Lambda function memory: the plan needs 3,008, the account has 2,048",
+            id="memory-cap",
+        ),
+    ],
+)
+def test_cli_check_reads_the_account_and_names_what_to_raise(
+    tiny, moto_url, session, tmp_path, monkeypatch, limit, memory_cap, exit_code, said
+):
+    # given an account of ``limit`` concurrent executions, and the plan reserving 4 and provisioning 1
+    artifacts = tiny.package()
+    planned(artifacts).save(tmp_path / "plan.json")
+    account = EndpointSession(session, moto_url, AccountLambda(limit=limit))
+    monkeypatch.setattr("cli.cmd_deploy.aws_session", lambda _profile: account)
+    command = ["deploy", str(artifacts), "--plan", str(tmp_path / "plan.json"), "--stage", "t", "--check"]
+    result = CliRunner().invoke(cli, [*command, "--max-function-memory-mb", str(memory_cap)])
+    # then --check says whether it fits and, where not, which quota to raise and by how much
+    assert result.exit_code == exit_code, result.output
+    assert said in result.output
+
+
 def test_cli_synth_only_writes_the_assembly_offline(tiny, tmp_path, monkeypatch):
     for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
         monkeypatch.delenv(key, raising=False)
