@@ -157,13 +157,14 @@ def deploy(
         templates = sorted(p.name for p in output.glob("*.template.json"))
         click.echo(f"cloud assembly: {output} ({len(templates)} templates: {', '.join(templates)})")
         return
+    from moeless.contracts.manifest import load_manifest
     from moeless.deployment.deploy import check as check_account
     from moeless.deployment.deploy import deploy as run_deploy
     from moeless.deployment.preflight import require_fit
 
     session = aws_session(request.profile)
     if check:
-        fit = check_account(request, session, max_function_memory_mb)
+        fit = check_account(request, session, load_manifest(request.artifacts), plan, max_function_memory_mb)
         click.echo(fit.summary())
         require_fit(fit)
         click.echo(f"the account holds stage {request.stage}'s plan")

@@ -26,14 +26,27 @@ from moeless_cdk.config import DeployConfig
 from moeless_cdk.nag import acknowledge
 from moeless_cdk.profile import left_out
 
-# JSON Schema draft 4 (API Gateway's dialect): the OpenAI completion fields the service accepts.
-COMPLETION_SCHEMA = apigw.JsonSchema(
-    schema=apigw.JsonSchemaVersion.DRAFT4,
-    title="CompletionRequest",
-    type=apigw.JsonSchemaType.OBJECT,
-    required=["model", "prompt"],
-    properties={
+
+def _request_schema(title: str, required: str, fields: dict[str, apigw.JsonSchema]) -> apigw.JsonSchema:
+    """A request body in JSON Schema draft 4 (API Gateway's dialect): ``model``, the ``required``
+    field, ``stream``, and ``fields``, as the service accepts them (it checks the rest in full)."""
+    shared = {
         "model": apigw.JsonSchema(type=apigw.JsonSchemaType.STRING, min_length=1),
+        "stream": apigw.JsonSchema(type=apigw.JsonSchemaType.BOOLEAN),
+    }
+    return apigw.JsonSchema(
+        schema=apigw.JsonSchemaVersion.DRAFT4,
+        title=title,
+        type=apigw.JsonSchemaType.OBJECT,
+        required=["model", required],
+        properties=shared | fields,
+    )
+
+
+COMPLETION_SCHEMA = _request_schema(
+    "CompletionRequest",
+    "prompt",
+    {
         "prompt": apigw.JsonSchema(
             one_of=[
                 apigw.JsonSchema(type=apigw.JsonSchemaType.STRING, min_length=1),
@@ -47,23 +60,18 @@ COMPLETION_SCHEMA = apigw.JsonSchema(
         "max_tokens": apigw.JsonSchema(type=apigw.JsonSchemaType.INTEGER, minimum=1),
         "temperature": apigw.JsonSchema(type=apigw.JsonSchemaType.NUMBER, minimum=0, maximum=2),
         "top_p": apigw.JsonSchema(type=apigw.JsonSchemaType.NUMBER, minimum=0, maximum=1),
-        "stream": apigw.JsonSchema(type=apigw.JsonSchemaType.BOOLEAN),
         "seed": apigw.JsonSchema(type=apigw.JsonSchemaType.INTEGER),
     },
 )
-CHAT_SCHEMA = apigw.JsonSchema(
-    schema=apigw.JsonSchemaVersion.DRAFT4,
-    title="ChatCompletionRequest",
-    type=apigw.JsonSchemaType.OBJECT,
-    required=["model", "messages"],
-    properties={
-        "model": apigw.JsonSchema(type=apigw.JsonSchemaType.STRING, min_length=1),
+CHAT_SCHEMA = _request_schema(
+    "ChatCompletionRequest",
+    "messages",
+    {
         "messages": apigw.JsonSchema(
             type=apigw.JsonSchemaType.ARRAY,
             min_items=1,
             items=apigw.JsonSchema(type=apigw.JsonSchemaType.OBJECT, required=["role"]),
-        ),
-        "stream": apigw.JsonSchema(type=apigw.JsonSchemaType.BOOLEAN),
+        )
     },
 )
 BODY_SCHEMAS = {"completion": COMPLETION_SCHEMA, "chat": CHAT_SCHEMA}

@@ -134,9 +134,9 @@ def download_artifacts(
     return manifest
 
 
-def download_entry(s3: Any, uri: str, dest: Path, entry: FileEntry | ExpertEntry) -> Path:
+def download_entry(s3: Any, uri: str, dest: Path, entry: FileEntry | ExpertEntry) -> bool:
     """Fetch one file of the package at ``uri`` into ``dest`` unless it is there and matches its
-    checksum (a restarted process resumes); returns its path.
+    checksum (a restarted process resumes); returns whether it fetched.
 
     Raises:
         ArtifactError: the object does not match its manifest checksum (it is not kept).
@@ -144,7 +144,7 @@ def download_entry(s3: Any, uri: str, dest: Path, entry: FileEntry | ExpertEntry
     bucket, prefix = parse_s3_uri(uri)
     target = Path(dest) / entry.file
     if check_file(Path(dest), FileEntry(entry.file, entry.bytes, entry.sha256)) is None:
-        return target
+        return False
     target.parent.mkdir(parents=True, exist_ok=True)
     with atomic_path(target) as tmp:
         s3.download_file(bucket, _key(prefix, entry.file), str(tmp))
@@ -152,7 +152,7 @@ def download_entry(s3: Any, uri: str, dest: Path, entry: FileEntry | ExpertEntry
             raise ArtifactError(
                 f"s3://{bucket}/{_key(prefix, entry.file)} does not match its manifest checksum: refusing it"
             )
-    return target
+    return True
 
 
 def download_file(s3: Any, uri: str, dest: Path) -> Path:

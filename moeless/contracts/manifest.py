@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +68,12 @@ class Manifest:
 
     def expert(self, layer: int, expert: int) -> ExpertEntry:
         """The entry of one (layer, expert); ``KeyError`` if absent."""
-        for entry in self.experts:
-            if entry.layer == layer and entry.expert == expert:
-                return entry
-        raise KeyError((layer, expert))
+        return self._by_pair[(layer, expert)]
+
+    @cached_property
+    def _by_pair(self) -> dict[tuple[int, int], ExpertEntry]:
+        """The entries by (layer, expert): a DeepSeek-V3 package has 14,848, looked up per function."""
+        return {(entry.layer, entry.expert): entry for entry in self.experts}
 
     def backbone_files(self) -> list[FileEntry]:
         return [FileEntry(**f) for f in self.backbone["files"]]

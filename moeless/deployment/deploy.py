@@ -25,6 +25,8 @@ from typing import Any
 
 from moeless.aws_limits import MAX_FUNCTION_MEMORY_MB
 from moeless.checkout import CDK_APP_DIR
+from moeless.contracts.manifest import Manifest
+from moeless.contracts.plan import Plan
 from moeless.deployment.preflight import (
     AccountFit,
     check_account,
@@ -137,15 +139,15 @@ def _run_cdk(request: DeployRequest, command: list[str], runner: Runner, step: s
 
 
 def check(
-    request: DeployRequest, session: Any, max_function_memory_mb: int = MAX_FUNCTION_MEMORY_MB
+    request: DeployRequest,
+    session: Any,
+    manifest: Manifest,
+    plan: Plan,
+    max_function_memory_mb: int = MAX_FUNCTION_MEMORY_MB,
 ) -> AccountFit:
-    """The account's fit for the plan (``deploy --check``); also refuses a stage whose retained
-    bucket or repositories were left by a ``cdk destroy`` (CloudFormation cannot create them again)."""
-    from moeless.contracts.manifest import load_manifest
-    from moeless.contracts.plan import plan_for
-
-    manifest = load_manifest(request.artifacts)
-    plan = plan_for(manifest, request.plan)
+    """The account's fit for ``plan`` of ``request``'s package (``deploy --check``); also refuses a
+    plan with functions too slow to cold-start, and a stage whose retained bucket or repositories a
+    ``cdk destroy`` left (CloudFormation cannot create them again)."""
     if request.context.get("moeless:expertCode", "s3") == "s3" and (slow := slow_functions(plan, manifest)):
         raise DeployError(
             f"{len(slow)} function(s) cannot cold-start in time, e.g. {slow[0]}; re-plan with more "
@@ -179,7 +181,7 @@ def deploy(
     plan = plan_for(manifest, request.plan)  # refuse a bad plan before any cloud call
     names = request.names
     say("[1/6] checking the account's Lambda quotas...")
-    fit = check(request, session, max_function_memory_mb)
+    fit = check(request, session, manifest, plan, max_function_memory_mb)
     say(f"      {fit.summary()}")
     require_fit(fit)
     outputs_file = request.cdk_dir / "cdk.out" / f"outputs-{request.stage}.json"

@@ -15,7 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from moeless.artifacts.verify import check_file, read_verified
-from moeless.contracts.manifest import ExpertEntry, FileEntry, Manifest, load_manifest
+from moeless.contracts.manifest import ExpertEntry, Manifest, load_manifest
 from moeless.errors import ArtifactError
 from moeless.experts.session import session_options
 
@@ -60,6 +60,8 @@ class OnnxExpertPool:
         self.budget_bytes = budget_bytes
         self.pinned = pinned
         self._sessions: OrderedDict[tuple[int, int], Any] = OrderedDict()
+        self._cached_bytes = 0  # of the open experts not pinned
+        self._s3: Any = None
         self._lock = threading.Lock()
         self.fetched = 0  # experts fetched on demand
         self.evicted = 0  # experts dropped to stay within the budget
@@ -72,12 +74,14 @@ class OnnxExpertPool:
                 self._sessions.move_to_end(key)
                 return self._sessions[key]
             session = self._sessions[key] = self._open(layer, expert)
-            self._evict(keep=key)
+            if key not in self.pinned:
+                self._cached_bytes += self._entry(layer, expert).bytes
+                self._evict(keep=key)
             return session
 
     def cached_bytes(self) -> int:
         """Bytes of the open experts that count against the budget (not pinned)."""
-        return sum(self._entry(*key).bytes for key in self._sessions if key not in self.pinned)
+        return self._cached_bytes
 
     def _entry(self, layer: int, expert: int) -> ExpertEntry:
         try:
@@ -89,14 +93,13 @@ class OnnxExpertPool:
         import onnxruntime as ort
 
         entry = self._entry(layer, expert)
-        on_disk = FileEntry(entry.file, entry.bytes, entry.sha256)
-        if self.source is not None and check_file(self.artifacts_dir, on_disk) is not None:
+        if self.source is not None:
             import boto3
 
             from moeless.artifacts.store import download_entry
 
-            download_entry(boto3.client("s3"), self.source, self.artifacts_dir, entry)
-            self.fetched += 1
+            self._s3 = self._s3 or boto3.client("s3")
+            self.fetched += download_entry(self._s3, self.source, self.artifacts_dir, entry)
         data = read_verified(self.artifacts_dir, entry)
         return ort.InferenceSession(data, session_options(self.threads), providers=["CPUExecutionProvider"])
 
@@ -105,9 +108,10 @@ class OnnxExpertPool:
         if self.budget_bytes is None:
             return
         for key in [k for k in self._sessions if k not in self.pinned and k != keep]:
-            if self.cached_bytes() <= self.budget_bytes:
+            if self._cached_bytes <= self.budget_bytes:
                 return
             del self._sessions[key]
+            self._cached_bytes -= self._entry(*key).bytes
             if self.source is not None:  # a cache of the package in S3, never the package itself
                 (self.artifacts_dir / self._entry(*key).file).unlink(missing_ok=True)
             self.evicted += 1

@@ -35,7 +35,7 @@ from moeless.contracts.payload import (
     max_tokens_per_request,
     payload_json,
 )
-from moeless.contracts.plan import Placement, Plan
+from moeless.contracts.plan import Plan
 from moeless.experts.runtime import OnnxExpertPool
 from moeless.planning.concurrency import LevelClock, LevelDemand
 from moeless.planning.packing import Slice, bundle_slices
@@ -69,7 +69,7 @@ class LambdaDispatcher:
     Args:
         artifacts_dir: the package (its experts back the in-process fallback).
         manifest: the package's manifest.
-        plan: which functions host which experts; ``placement == Placement.BACKBONE`` experts stay in-process.
+        plan: which functions host which experts; its in-process experts (``Plan.in_process``) stay here.
         client: a boto3 ``lambda`` client (thread-safe; give it a connection pool >= ``max_concurrency``).
         qualifier: alias to invoke (carries provisioned concurrency); ``None`` for ``$LATEST``.
         attempts: invokes tried (on successive replicas) before the in-process fallback.
@@ -100,7 +100,6 @@ class LambdaDispatcher:
         self.backoff_s = backoff_s
         self.stats = stats or ServingStats()
         self.replicas = plan.invoke_targets()
-        self.on_backbone = {(p.layer, p.expert) for p in plan.experts if p.placement == Placement.BACKBONE}
         self.local = OnnxExpertPool(
             artifacts_dir,
             manifest,
@@ -137,7 +136,7 @@ class LambdaDispatcher:
         slices: dict[str, list[Slice]] = {}  # function -> the expert slices it gets this layer
         for expert, rows in inputs.items():
             names = self.replicas.get((layer, expert), [])
-            if (layer, expert) in self.on_backbone or not names:
+            if not names:  # in process (Plan.in_process): on the backbone, or hosted by no function
                 parts[expert].append((0, len(jobs), 0))
                 jobs.append((self._run_local, (layer, [(expert, rows)])))
                 continue

@@ -11,6 +11,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from moeless.contracts.manifest import load_manifest
 from moeless.contracts.payload import encode_request
@@ -37,6 +38,8 @@ def test_functions_up_serves_the_plan_and_prints_the_bill_on_sigterm(tiny, tmp_p
         "0",
         "--meter-out",
         str(tmp_path / "bill.json"),
+        "--account-concurrency",
+        "150",
     ]
     process = subprocess.Popen(
         command,
@@ -61,6 +64,10 @@ def test_functions_up_serves_the_plan_and_prints_the_bill_on_sigterm(tiny, tmp_p
             )["Payload"].read()
         )
         assert reply["shape"] == [3, 64] and reply["init_ms"] == 0  # provisioned before traffic
+        # the account's concurrency as given: a reservation leaving under 100 unreserved is refused
+        assert client.get_account_settings()["AccountLimit"]["ConcurrentExecutions"] == 150
+        with pytest.raises(client.exceptions.InvalidParameterValueException):
+            client.put_function_concurrency(FunctionName=first.name, ReservedConcurrentExecutions=51)
         with urllib.request.urlopen(f"{endpoint}/moeless/instances") as answer:
             pids = [i["pid"] for f in json.load(answer).values() for i in f["instances"]]
         assert pids

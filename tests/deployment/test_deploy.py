@@ -23,7 +23,7 @@ from moto.server import ThreadedMotoServer
 from cli.main import cli
 from moeless.artifacts.store import download_artifacts, upload_artifacts
 from moeless.contracts.manifest import load_manifest
-from moeless.contracts.plan import one_function_per_expert
+from moeless.contracts.plan import one_function_per_expert, plan_for
 from moeless.contracts.rest import PUBLIC_ROUTES
 from moeless.deployment.cloud_mirror import mirror_deployment
 from moeless.deployment.deploy import DeployError, DeployRequest, check, deploy, destroy, synthesize
@@ -312,7 +312,8 @@ class TestDeploy:
         assert cdk.commands[0][1:4] == ["destroy", "--all", "--app"] and "--force" in cdk.commands[0]
         assert removed == [f"bucket {bucket}", "repository moeless-again-expert"]
         assert bucket not in {b["Name"] for b in s3.list_buckets()["Buckets"]}
-        assert check(request, endpoint).shortfalls == ()
+        manifest = load_manifest(request.artifacts)
+        assert check(request, endpoint, manifest, plan_for(manifest, None)).shortfalls == ()
 
     def test_destroy_keeping_data_removes_only_the_stacks(self, tiny, moto_url, session, tmp_path):
         cdk = RecordingCdk(None, "")

@@ -7,11 +7,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import botocore.session
@@ -19,7 +16,7 @@ import httpx
 import pytest
 
 from moeless.lambda_host import LambdaHost, LambdaLimits
-from tests.lambda_helpers import call, lambda_client, probe, running, wait_for
+from tests.lambda_helpers import call, probe, running, wait_for
 
 MODEL = botocore.session.get_session().get_service_model("lambda")
 MIN_UNRESERVED = "UnreservedConcurrentExecution below its minimum value of [{}]."
@@ -242,28 +239,6 @@ def test_invocations_beyond_the_account_concurrency_are_throttled():
                 call(client, "b", {})
             assert call(client, "b", {}, Qualifier="live")[1]["init_type"] == "provisioned-concurrency"
             busy.result()
-
-
-def test_functions_up_takes_the_accounts_concurrency(tiny):
-    moeless = str(Path(sys.executable).with_name("moeless"))  # this environment's console script
-    command = [moeless, "functions", "up", str(tiny.package("mixtral")), "--port", "0"]
-    process = subprocess.Popen(
-        [*command, "--account-concurrency", "150", "-q"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        line = process.stdout.readline()
-        assert line.startswith("Lambda API: http://127.0.0.1:"), line + process.stderr.read()
-        client = lambda_client(line.split()[2])
-        assert client.get_account_settings()["AccountLimit"]["ConcurrentExecutions"] == 150
-        with pytest.raises(client.exceptions.InvalidParameterValueException):
-            client.put_function_concurrency(FunctionName="moeless-l000-e000", ReservedConcurrentExecutions=51)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.communicate(timeout=60)
-    assert process.returncode == 0
 
 
 # --- the real AWS CLI ------------------------------------------------------------------------------
