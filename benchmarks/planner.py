@@ -147,7 +147,7 @@ def remoe_table() -> None:
         )
         p = plan.params
         gap = (p["primal_usd_per_s"] - p["dual_usd_per_s"]) / p["primal_usd_per_s"]
-        resident = sum(e.placement == "backbone" for e in plan.experts)
+        resident = sum(e.resident for e in plan.experts)
         print(
             f"{memory:9.1f} | {resident:8d} {p['mmp_gb']:7.2f} {len(plan.functions):9d} | "
             f"{plan.estimate.cost_per_1k_requests:9.4f} {gap:8.2%}"

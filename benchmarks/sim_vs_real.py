@@ -2,12 +2,15 @@
 ``moeless.simulation.simulator.Simulator`` with the local constants.
 
 Usage:
-    .venv/bin/python benchmarks/sim_vs_real.py            # 150 s of bursty:0.6:1.8:60
-    .venv/bin/python benchmarks/sim_vs_real.py --quick    # 75 s of it
+    .venv/bin/python benchmarks/sim_vs_real.py                 # 150 s of bursty:0.6:1.8:60
+    .venv/bin/python benchmarks/sim_vs_real.py --quick         # 75 s of it
+    .venv/bin/python benchmarks/sim_vs_real.py --plan tiered   # with host-tier experts
 
 Model: the demo's tiny Mixtral (4 layers x 8 experts, hidden 128, ``benchmarks/common.py``), one
-function per expert, on the local Lambda host in this process (awslambdaric instances, boto3
-invokes), the backbone on this machine's CPU. Pre-warming and re-planning are off on both sides.
+function per expert (``--plan functions``), or the three experts of each layer that the prompts
+route the most tokens to in the backbone host's RAM and the rest as functions (``--plan tiered``),
+on the local Lambda host in this process (awslambdaric instances, boto3 invokes), the backbone and
+its host experts on this machine's CPU. Pre-warming and re-planning are off on both sides.
 In the same run, in this order:
 
  1. calibration, each figure measured here, none fitted to the answer:
@@ -16,6 +19,8 @@ In the same run, in this order:
       fitted as ``a + b x tokens`` per forward (a: per-forward overhead, b: per token);
     * the cold start: an instance of one expert function cold-started a few times on a separate
       host (cold round trip - warm round trip, median);
+    * the host tier: the service's dispatcher running 1..4 in-process experts of one row (each
+      further expert's time is the host's per-call overhead);
  2. the real run: every arrival of the pattern is a streamed greedy HTTP completion fired at its
     timestamp by its own client thread; per request: arrival, first token, finish, usage; from
     the service's ServingStats: invokes and cold starts on the request path and the raw time of
@@ -24,7 +29,8 @@ In the same run, in this order:
     max_tokens (greedy: the same tokens), replayed per request by ``RecordedRouting``;
  4. the simulation: the same arrivals, each request's real prompt and output length, the plan that
     was served, ``CostModel(aws=False)`` with the cold start of step 1, the backbone of step 1 as a
-    ``GpuModel``/``Hardware``, the host's idle timeout.
+    ``GpuModel``/``Hardware``, this machine as the ``HostModel`` (2 vCPUs at the cost model's
+    per-vCPU figures, the per-call overhead of step 1), the host's idle timeout.
 
 It prints both sides and the simulator's signed relative error; the last line reads
 ``sim vs real: invokes E%, cold starts E%, layer p50 E%, layer p99 E%, request p50 E%, request p99 E%``.
@@ -51,7 +57,7 @@ from common import load_prompts, tiny_mixtral
 
 from backbone_service.local import running_service
 from moeless.contracts.manifest import Manifest, load_manifest
-from moeless.contracts.plan import Plan, one_function_per_expert
+from moeless.contracts.plan import Placement, Plan, one_function_per_expert
 from moeless.demo.prompts import DEMO_PROMPTS
 from moeless.lambda_host import LambdaHost
 from moeless.lambda_host.client import lambda_client
@@ -59,6 +65,7 @@ from moeless.lambda_host.experts import expert_function_configs, start_expert_ho
 from moeless.planning.cost_model import CostModel, ExpertShape
 from moeless.serving.backbone import BackboneConfig
 from moeless.simulation.arrivals import arrival_times
+from moeless.simulation.host import HostModel
 from moeless.simulation.roofline import Hardware, Roofline
 from moeless.simulation.routing import RecordedRouting
 from moeless.simulation.simulator import GpuModel, PolicyResult, Request, Simulator
@@ -229,6 +236,48 @@ def measure_invokes(artifacts: Path, plan: Plan, tokens: int = 4, repeats: int =
         medians,
         colds,
     )
+
+
+def measure_host(artifacts: Path, plan: Plan, repeats: int = 200) -> float:
+    """The host's per-call overhead, ms: the service's dispatcher running 1..4 of the plan's
+    in-process experts of one layer at one row each (its jobs on its threads, as in a step); the
+    slope of the median time against the experts."""
+    from moeless.serving.dispatch import LambdaDispatcher
+
+    manifest = load_manifest(artifacts)
+    layer = manifest.moe_layers[0]
+    local = [expert for lay, expert in plan.in_process() if lay == layer] or [0]
+    rows = np.random.default_rng(0).standard_normal((1, manifest.hidden_size), dtype=np.float32)
+    dispatcher = LambdaDispatcher(artifacts, manifest, plan, client=None, qualifier=None)
+    try:
+        counts = list(range(1, len(local) + 1))
+        samples: dict[int, list[float]] = {n: [] for n in counts}
+        for _ in range(repeats):
+            for n in counts:
+                started = time.perf_counter()
+                dispatcher.run(layer, dict.fromkeys(local[:n], rows))
+                samples[n].append((time.perf_counter() - started) * 1e3)
+    finally:
+        dispatcher.close()
+    medians = [statistics.median(samples[n]) for n in counts]
+    if len(counts) == 1:
+        return medians[0]
+    slope, _ = np.polyfit(counts, medians, 1)
+    return float(max(slope, 0.0))
+
+
+def tiered_plan(manifest: Manifest, routing: RecordedRouting, per_layer: int = 3) -> Plan:
+    """The ``per_layer`` experts of each layer that ``routing`` sends the most tokens to in the
+    backbone host's RAM (``host``), the others each in its own function."""
+    plan = one_function_per_expert(manifest)
+    loads = routing.loads()
+    hot = {(layer, int(e)) for layer, load in loads.layers.items() for e in np.argsort(-load)[:per_layer]}
+    for placement in plan.experts:
+        if (placement.layer, placement.expert) in hot:
+            placement.placement, placement.function = Placement.HOST, None
+    plan.functions = [f for f in plan.functions if tuple(f.experts[0]) not in hot]
+    plan.policy = "tiered"
+    return plan
 
 
 # --- 2. the real run ----------------------------------------------------------------------------
@@ -454,6 +503,7 @@ def simulate(
     fit: BackboneFit,
     invokes: InvokeFit,
     duration_s: float,
+    host_call_ms: float,
 ) -> PolicyResult:
     hidden, inter = manifest.hidden_size, manifest.intermediate_size
     weight_bytes = 3 * hidden * inter * 4.0
@@ -505,6 +555,7 @@ def simulate(
         max_batch=MAX_BATCH,
         idle_timeout_s=IDLE_TIMEOUT_S,
         timeline=False,
+        host=HostModel(2, 2 * model.mem_gbps_per_vcpu, model.gflops_per_vcpu, host_call_ms),
     )
     return simulator.run(requests, duration_s)
 
@@ -524,6 +575,9 @@ def main() -> None:
     parser.add_argument("--pattern", default=PATTERN, help=f"arrival process (default {PATTERN})")
     parser.add_argument("--duration", type=float, default=None, help="seconds of arrivals")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--plan", choices=("functions", "tiered"), default="functions", help="the plan served (see above)"
+    )
     parser.add_argument("--client", action="store_true", help=argparse.SUPPRESS)  # the child process
     args = parser.parse_args()
     if args.client:
@@ -541,20 +595,24 @@ def main() -> None:
     prompts = load_prompts(len(times))
     model_dir, artifacts = tiny_mixtral(WORKDIR)
     manifest = load_manifest(artifacts)
-    plan = one_function_per_expert(manifest)
+    # 3. (first: the tiered plan is chosen from it) the routing the prompts take, greedy
+    routing = recorded_routing(model_dir, prompts, WORKDIR / "sim-vs-real-trace")
+    calibration_plan = one_function_per_expert(manifest)  # invokes are calibrated on it
+    plan = tiered_plan(manifest, routing) if args.plan == "tiered" else calibration_plan
     print(
         f"arrivals: {args.pattern} for {duration:g} s ({len(times)} requests); prompts: "
         f"{'../shared/data/prompts/dev.jsonl' if SHARED_PROMPTS.is_file() else 'demo prompts'}; "
         f"max_tokens {MAX_TOKENS}, greedy; max batch {MAX_BATCH}; idle timeout {IDLE_TIMEOUT_S:g} s; "
-        f"plan {plan.policy} ({len(plan.functions)} functions); no pre-warming, no re-planning",
+        f"plan {plan.policy} ({len(plan.functions)} functions, {len(plan.in_process())} experts on the "
+        "host); no pre-warming, no re-planning",
         flush=True,
     )
 
     # 1. calibration, before and after the real run (the machine is shared: its load drifts)
     def calibrate(when: str) -> tuple[BackboneFit, InvokeFit]:
         fit = measure_backbone(artifacts, manifest, prompts)
-        cold = measure_invokes(artifacts, plan)
-        fit, warm = measure_service(artifacts, plan, fit)
+        cold = measure_invokes(artifacts, calibration_plan)
+        fit, warm = measure_service(artifacts, calibration_plan, fit)
         invokes = replace(
             warm,
             cold_start_ms=cold.cold_start_ms,
@@ -578,6 +636,8 @@ def main() -> None:
         return fit, invokes
 
     before = calibrate("calibration before")
+    host_call_ms = measure_host(artifacts, plan) if plan.in_process() else 0.0
+    print(f"host tier: {host_call_ms:.3f} ms per in-process expert call", flush=True)
 
     # 2. the real run
     wall = time.perf_counter()
@@ -634,14 +694,13 @@ def main() -> None:
         + ", ".join(f"{n}: {statistics.median(v):.1f} ({len(v)})" for n, v in sorted(by_count.items()))
     )
 
-    # 3. and 4.
-    routing = recorded_routing(model_dir, prompts, WORKDIR / "sim-vs-real-trace")
+    # 4. (the routing: above)
     mismatched = [
         r.index for r in real.requests if r.prompt_tokens and routing.lengths[r.index][0] != r.prompt_tokens
     ]
     if mismatched:
         print(f"warning: {len(mismatched)} prompts tokenised differently by the profile ({mismatched[:5]})")
-    sim = simulate(manifest, plan, routing, real, fit, invokes, duration)
+    sim = simulate(manifest, plan, routing, real, fit, invokes, duration, host_call_ms)
 
     qs = (50, 75, 90, 95, 98, 99, 99.5)
     print("MoE layer ms at " + "/".join(f"p{q:g}" for q in qs))

@@ -9,8 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from cli.options import echo_step, plan_option
-from moeless.aws_limits import MAX_FUNCTION_MEMORY_MB
+from cli.options import echo_step, max_function_memory_option, plan_option
 
 if TYPE_CHECKING:
     from moeless.contracts.plan import Plan
@@ -116,13 +115,7 @@ def deployment_options(command: Callable[..., Any]) -> Callable[..., Any]:
     is_flag=True,
     help="Only check that the account's Lambda quotas hold the plan (every deploy checks first).",
 )
-@click.option(
-    "--max-function-memory-mb",
-    type=click.IntRange(128, MAX_FUNCTION_MEMORY_MB),
-    default=MAX_FUNCTION_MEMORY_MB,
-    show_default=True,
-    help="The account's function memory cap (new accounts: 3008); no AWS API reads it.",
-)
+@max_function_memory_option
 def deploy(
     request: DeployRequest,
     plan: Plan,

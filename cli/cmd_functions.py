@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from cli.options import echo_step, plan_option, quiet_option
+from cli.options import account_concurrency_option, echo_step, plan_option, quiet_option
 from cli.running import expert_task_root, host_options, wait_for_stop_signal
 from moeless.aws_limits import DEFAULT_LIMITS
 
@@ -28,13 +28,7 @@ def functions() -> None:
     show_default=True,
     help="Port of the Lambda API on 127.0.0.1 (0: any free port).",
 )
-@click.option(
-    "--account-concurrency",
-    type=click.IntRange(1),
-    default=DEFAULT_LIMITS.account_concurrency,
-    show_default=True,
-    help="The account's concurrent executions, all functions together (Lambda's default quota).",
-)
+@account_concurrency_option
 @host_options
 @quiet_option
 def up(

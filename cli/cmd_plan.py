@@ -7,9 +7,15 @@ from typing import Any
 
 import click
 
-from cli.options import deployment_options, model_option, traffic_options
+from cli.options import (
+    account_concurrency_option,
+    deployment_options,
+    max_function_memory_option,
+    model_option,
+    traffic_options,
+)
 from moeless.contracts.environment import ALIAS
-from moeless.contracts.plan import Placement, Policy
+from moeless.contracts.plan import Policy
 
 # Which options apply to which way of planning: ``sized`` (with --slo-tpot-ms: the optimiser, the
 # simulator judging) or ``analytic`` (without: the policy's planner and the cost model). Options
@@ -132,6 +138,8 @@ class _Command(click.Command):
 @click.option(
     "--slo-ttft-ms", type=click.FloatRange(0, min_open=True), metavar="MS", help="And this p99 TTFT."
 )
+@account_concurrency_option
+@max_function_memory_option
 @traffic_options
 @deployment_options
 @click.option(
@@ -195,7 +203,7 @@ def plan(ctx: click.Context, **params: Any) -> None:
     Without: the policy's planner, costed by the cost model."""
     refuse_what_does_not_apply(ctx, params)
     if params["slo_tpot_ms"] is not None:
-        _sized(params)
+        _sized(ctx, params)
     else:
         _analytic(params)
 
@@ -207,6 +215,7 @@ def _analytic(params: dict[str, Any]) -> None:
     from moeless.contracts.plan import load_plan
     from moeless.planning.cost_model import CostModel
     from moeless.planning.planner import PlanRequest, expert_shape, make_plan
+    from moeless.planning.quotas import AccountQuotas, require_quotas
     from moeless.planning.remoe import Workload
 
     policy, output, artifacts, previous = (
@@ -232,11 +241,12 @@ def _analytic(params: dict[str, Any]) -> None:
     result = make_plan(loads, request, manifest, shape)
     if manifest is not None:
         result.check_fits(manifest)
+    require_quotas(result, AccountQuotas(params["account_concurrency"], params["max_function_memory_mb"]))
     result.save(output)
     estimate = result.estimate
     assert estimate is not None, "make_plan estimates every plan"
     replicas = sum(p.replicas for p in result.experts)
-    on_backbone = sum(p.placement == Placement.BACKBONE for p in result.experts)
+    on_backbone = sum(p.resident for p in result.experts)
     click.echo(
         f"plan: {policy}, {len(loads.layers)} layers x {loads.num_experts} experts (top-{k}) -> {output}"
     )
@@ -265,19 +275,22 @@ def _analytic(params: dict[str, Any]) -> None:
     click.echo(f"  expert size: {shape.hidden} x {shape.intermediate} ({shape_source})")
 
 
-def _sized(params: dict[str, Any]) -> None:
+def _sized(ctx: click.Context, params: dict[str, Any]) -> None:
     """``plan --slo-tpot-ms``: size the plan with the simulator in the loop; print the choice."""
-    from moeless.errors import SimulationError
+    from moeless.errors import PlanDoesNotFit, SimulationError
     from moeless.simulation.inputs import deployment_for, replay_for, shape_and_routing
     from moeless.simulation.policies import simulate_policy
     from moeless.simulation.report import ms
     from moeless.sizing import DEFAULT_SEARCH, Slo, SloUnreachable, load_search, size_for_slo
-    from moeless.sizing.report import stall_lines, warmth
+    from moeless.sizing.report import alternative_lines, left_out_lines, stall_lines, tier_line, warmth
 
     policy, output, frontier = params["policy"], params["output"], params["frontier"]
     search = load_search(params["search_path"]) if params["search_path"] else DEFAULT_SEARCH
     if frontier:
         search = search.with_overrides(exhaustive=True)
+    # the account's quotas: given on the command line, they win over the search file's
+    quotas = ("account_concurrency", "max_function_memory_mb")
+    search = search.with_overrides(**{name: params[name] for name in quotas if _given(ctx, name)})
     shape, routing = shape_and_routing(
         None, params["loads_path"], params["model_spec"], params["resample_experts"], params["seed"]
     )
@@ -313,7 +326,7 @@ def _sized(params: dict[str, Any]) -> None:
             sizing = exc.sizing
             if name == policy:
                 failure = exc
-        except SimulationError as exc:
+        except (SimulationError, PlanDoesNotFit) as exc:
             if name == policy:
                 raise
             click.echo(f"  frontier: {exc}")
@@ -333,19 +346,21 @@ def _sized(params: dict[str, Any]) -> None:
     chosen.plan.save(output)
     summary = chosen.summary
     click.echo(f"plan: {policy} sized for {slo.describe()} -> {output}")
-    click.echo(
-        f"  {len(chosen.plan.functions)} functions of {chosen.memory_mb} MB, "
-        f"{chosen.expert_dtype} experts, replicas x{chosen.replica_scale}, "
-        f"{chosen.packing} layers' experts per function, {chosen.group} per layer, "
-        f"{chosen.provisioned} provisioned environments, {chosen.keep_warm} kept warm by pings "
-        f"({warmth(chosen, own.premium_paid, search.every_level_premium)})"
-    )
-    for line in stall_lines(own):
+    click.echo(f"  {tier_line(chosen)}")
+    if chosen.plan.functions:
+        click.echo(
+            f"  {len(chosen.plan.functions)} functions of {chosen.memory_mb} MB, "
+            f"{chosen.expert_dtype} experts, replicas x{chosen.replica_scale}, "
+            f"{chosen.packing} layers' experts per function, {chosen.group} per layer, "
+            f"{chosen.provisioned} provisioned environments, {chosen.keep_warm} kept warm by pings "
+            f"({warmth(chosen, own.premium_paid, search.every_level_premium)})"
+        )
+    for line in stall_lines(own) + alternative_lines(own) + left_out_lines(own):
         click.echo(line)
     click.echo(
         f"  simulated after a quiet (nothing warm but what the plan keeps warm): "
         f"${summary['usd_per_1k_requests']:.2f} per 1k requests, p99 TPOT "
-        f"{ms(summary['tpot_ms_p99'])} ms (Lambda floor {own.floor_ms:.1f}), p99 TTFT "
+        f"{ms(summary['tpot_ms_p99'])} ms (all-Lambda floor {own.floor_ms:.1f}), p99 TTFT "
         f"{ms(summary['ttft_ms_p99'])} ms, cold starts {summary['cold_starts']} of "
         f"{summary['invokes']} invokes"
     )

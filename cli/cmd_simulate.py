@@ -3,12 +3,21 @@ latency side by side, against the serverful fleet that holds the model."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import NamedTuple
 
 import click
 
-from cli.options import deployment_options, model_option, traffic_options
+from cli.options import (
+    account_concurrency_option,
+    api_price,
+    api_price_option,
+    deployment_options,
+    max_function_memory_option,
+    model_option,
+    traffic_options,
+)
 
 
 @click.command()
@@ -27,9 +36,9 @@ from cli.options import deployment_options, model_option, traffic_options
 @model_option
 @click.option(
     "--policies",
-    default="static,moeless,remoe,oracle",
+    default="static,hybrid,moeless,remoe,oracle",
     show_default=True,
-    help="Any of static, moeless, remoe, oracle.",
+    help="Any of static (the GPU fleet), hybrid (one GPU node, experts on its CPUs), moeless, remoe, oracle.",
 )
 @click.option(
     "--plan",
@@ -38,6 +47,9 @@ from cli.options import deployment_options, model_option, traffic_options
     help="Replay exactly this plan (from `moeless plan --slo-tpot-ms`) as its policy, beside the "
     "serverful fleet, instead of planning each policy from the routing.",
 )
+@account_concurrency_option
+@max_function_memory_option
+@api_price_option
 @traffic_options
 @deployment_options
 @click.option(
@@ -68,6 +80,9 @@ def simulate(
     model_spec: str | None,
     policies: str,
     plan_path: Path | None,
+    account_concurrency: int,
+    max_function_memory_mb: int,
+    api_price_text: str | None,
     arrivals_path: Path | None,
     arrival: str,
     rate: float | None,
@@ -91,6 +106,7 @@ def simulate(
     """Simulate each policy on the same requests over every MoE layer of the model; write
     report.md, results.csv and plots to OUTPUT."""
     from moeless.contracts.plan import load_plan
+    from moeless.planning.quotas import AccountQuotas, require_quotas
     from moeless.simulation.inputs import deployment_for, replay_for, shape_and_routing
     from moeless.simulation.policies import POLICIES
     from moeless.simulation.study import run_study
@@ -101,8 +117,10 @@ def simulate(
             f"unknown policy {unknown[0]!r}; choose from {', '.join(POLICIES)}", param_hint="--policies"
         )
     given = load_plan(plan_path) if plan_path else None
+    quotas = AccountQuotas(account_concurrency, max_function_memory_mb)
     if given is not None:
-        names = ["static", given.policy]
+        require_quotas(given, quotas)  # as Lambda would refuse it: before anything is simulated
+        names = ["static", "hybrid", given.policy]
         expert_dtype, max_batch, context_tokens, prefill_chunk = _SizedFor.of(
             given.params.get("deployment") or {}, expert_dtype, max_batch, context_tokens, prefill_chunk
         )
@@ -112,9 +130,10 @@ def simulate(
     replay, source = replay_for(
         routing, arrivals_path, rate, arrival, duration, prompt_tokens, output_tokens, seed
     )
-    deployment = deployment_for(
+    chosen = deployment_for(
         shape, expert_dtype, gpu_dtype, max_batch, context_tokens, instances_path, prefill_chunk
     )
+    deployment = replace(chosen, account_concurrency=quotas.concurrency)
     describe = [f"- requests: {len(replay)} ({source}, {duration:g} s, seed {seed})"]
     if given is not None:
         describe.append(f"- {given.policy} replays the plan {plan_path} as it is")
@@ -132,6 +151,7 @@ def simulate(
         seed=seed,
         plots=not no_plots,
         plans={given.policy: given} if given is not None else None,
+        api_price=api_price(api_price_text, shape.name),
     )
     click.echo((output / "report.md").read_text())
     if plots:

@@ -8,6 +8,8 @@ from typing import Any, TypeVar
 
 import click
 
+from moeless.aws_limits import DEFAULT_LIMITS, MAX_FUNCTION_MEMORY_MB
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 quiet_option = click.option("--quiet", "-q", is_flag=True, help="No progress bars or step messages.")
@@ -23,6 +25,23 @@ model_option = click.option(
     "model_spec",
     metavar="NAME|CONFIG",
     help="A preset (deepseek-v3...), its HF id, or a config.json [the loads' model].",
+)
+
+# the account's Lambda quotas (`plan` and `simulate` hold plans to them, `functions up` enforces the
+# first, `deploy` checks the second; defaults: moeless/aws_limits.py)
+account_concurrency_option = click.option(
+    "--account-concurrency",
+    type=click.IntRange(1),
+    default=DEFAULT_LIMITS.account_concurrency,
+    metavar="N",
+    help=f"The account's concurrent executions [{DEFAULT_LIMITS.account_concurrency}].",
+)
+max_function_memory_option = click.option(
+    "--max-function-memory-mb",
+    type=click.IntRange(128, MAX_FUNCTION_MEMORY_MB),
+    default=MAX_FUNCTION_MEMORY_MB,
+    metavar="MB",
+    help=f"Function memory cap, MB (new: 3008) [{MAX_FUNCTION_MEMORY_MB}].",
 )
 
 
@@ -121,3 +140,22 @@ deployment_options = option_group(
         help="Your GPU instance catalogue (JSON).",
     ),
 )
+
+
+api_price_option = click.option(
+    "--api-price",
+    "api_price_text",
+    metavar="IN,OUT",
+    help="A hosted API's USD per million input,output tokens for the report's reference line; "
+    "`none` for no line [a preset's dated public price, else none].",
+)
+
+
+def api_price(given: str | None, model: str) -> Any:
+    """``--api-price`` resolved for ``model`` (a click error where it is not a price)."""
+    from moeless.planning.api_prices import api_price_for
+
+    try:
+        return api_price_for(given, model)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="--api-price") from None

@@ -25,6 +25,11 @@ class PlanError(MoelessError):
     """A plan file is missing, malformed, or does not fit the artifacts it is used with."""
 
 
+class PlanDoesNotFit(MoelessError):
+    """The account's Lambda quotas cannot hold the plan; the message names each quota and the
+    increase to ask for (:mod:`moeless.planning.quotas`)."""
+
+
 class LambdaHostError(MoelessError):
     """The local Lambda host could not start its functions (port in use, provisioned init failed...)."""
 

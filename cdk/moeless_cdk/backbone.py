@@ -88,13 +88,13 @@ class BackboneStack(Stack):
             "GpuInstances",
             vpc=self.vpc,
             vpc_subnets=ec2.SubnetSelection(subnet_type=ec2.SubnetType.PRIVATE_WITH_EGRESS),
-            instance_type=ec2.InstanceType(config.backbone_instance_type),
+            instance_type=ec2.InstanceType(config.instance_type),
             # AL2023's GPU AMI (NVIDIA driver 580: CUDA 12.8 images run); AL2's ends 2026-06-30
             machine_image=ecs.EcsOptimizedImage.amazon_linux2023(ecs.AmiHardwareType.GPU),
             min_capacity=0,
             # one instance more than the service's most tasks: a rollout at full scale places its
             # first new task beside the old ones (the service keeps 100% healthy while it rolls)
-            max_capacity=config.backbone_max_tasks + 1,
+            max_capacity=config.max_tasks + 1,
             require_imdsv2=True,
             block_devices=[
                 autoscaling.BlockDevice(
@@ -245,7 +245,7 @@ class BackboneStack(Stack):
             "Service",
             cluster=self.cluster,
             task_definition=self.task_definition,
-            desired_count=1,
+            desired_count=config.backbone_tasks,
             security_groups=[self.service_sg],
             capacity_provider_strategies=[
                 ecs.CapacityProviderStrategy(capacity_provider=self.capacity.capacity_provider_name, weight=1)
@@ -281,7 +281,9 @@ class BackboneStack(Stack):
             ),
             deregistration_delay=Duration.seconds(60),
         )
-        scaling = service.auto_scale_task_count(min_capacity=1, max_capacity=config.backbone_max_tasks)
+        scaling = service.auto_scale_task_count(
+            min_capacity=config.backbone_tasks, max_capacity=config.max_tasks
+        )
         scaling.scale_on_cpu_utilization(
             "Cpu", target_utilization_percent=60, scale_out_cooldown=Duration.minutes(2)
         )

@@ -9,8 +9,10 @@ Context keys (``cdk.json`` holds the defaults; ``moeless deploy`` and ``-c KEY=V
                                    each function's experts baked into its own image
     moeless:imageTag               deploy images pushed to the Artifacts stack's ECR repositories
                                    under this tag, instead of building them from the Dockerfiles
-    moeless:backboneInstanceType   EC2 GPU instance type of the backbone (one GPU per task)
-    moeless:backboneMaxTasks       most backbone tasks when scaling on load (instances: one more)
+    moeless:backboneInstanceType   EC2 GPU instance type of the backbone (one task per instance);
+                                   default: the one the plan was sized for, else g5.xlarge
+    moeless:backboneMaxTasks       most backbone tasks when scaling on load (instances: one more);
+                                   at least the plan's backbone count, which is the service's start
     moeless:fallbackCacheGiB       experts a backbone task keeps for its in-process fallback (LRU)
     moeless:maxAzs                 availability zones of the VPC
     moeless:throttleRateLimit      API requests per second (usage plan)
@@ -40,6 +42,7 @@ from moeless.errors import MoelessError
 from moeless_cdk.profile import Target
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_BACKBONE_INSTANCE = "g5.xlarge"  # a plan without a backbone (analytic, or version 1)
 EXPERT_CODES = ("s3", "image")
 
 
@@ -57,7 +60,7 @@ class DeployConfig:
     stage: str = "dev"
     expert_code: str = "s3"
     image_tag: str | None = None
-    backbone_instance_type: str = "g5.xlarge"
+    backbone_instance_type: str | None = None  # None: the plan's, else DEFAULT_BACKBONE_INSTANCE
     backbone_max_tasks: int = 2
     fallback_cache_gib: float = 4.0
     max_azs: int = 2
@@ -82,6 +85,30 @@ class DeployConfig:
                 "moeless:backboneUrl goes with moeless:target=localstack, and only with it: the "
                 "emulator's API sends requests to that URL (on AWS, to the backbone's load balancer)"
             )
+
+        sized = self.plan.backbone.instance if self.plan.backbone else None
+        if self.backbone_instance_type and sized and self.backbone_instance_type != sized:
+            raise DeployConfigError(
+                f"the plan was sized for a {sized} backbone, moeless:backboneInstanceType says "
+                f"{self.backbone_instance_type}: plan again for it (moeless plan --backbone-instance), or "
+                "drop the key"
+            )
+
+    @property
+    def instance_type(self) -> str:
+        """The backbone's EC2 instance type: the plan's, or the one the context names."""
+        sized = self.plan.backbone.instance if self.plan.backbone else None
+        return self.backbone_instance_type or sized or DEFAULT_BACKBONE_INSTANCE
+
+    @property
+    def backbone_tasks(self) -> int:
+        """Backbone tasks the service starts with: as many as the plan was sized for."""
+        return self.plan.backbone.count if self.plan.backbone else 1
+
+    @property
+    def max_tasks(self) -> int:
+        """Most tasks when scaling on load: never fewer than the plan's backbones."""
+        return max(self.backbone_max_tasks, self.backbone_tasks)
 
     @property
     def emulated(self) -> bool:

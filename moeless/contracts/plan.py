@@ -1,17 +1,26 @@
 """``plan.json``: where each expert runs, in which function, with how much memory and concurrency.
 
-Schema (version 1, see docs/design.md)::
+Schema (version 2, see docs/design.md)::
 
-    {"schema_version": 1, "policy": "...", "params": {...}, "workers": W | null,
-     "layers": [{"layer": L, "experts": [{"expert": e, "placement": "function" | "backbone",
+    {"schema_version": 2, "policy": "...", "params": {...}, "workers": W | null,
+     "backbone": {"instance": "g6e.xlarge", "count": n} | null,
+     "layers": [{"layer": L, "experts": [{"expert": e, "placement": "gpu" | "host" | "function",
         "replicas": r, "workers": [...], "function": "NAME" | null, "memory_mb": m,
-        "provisioned_concurrency": p}]}],
+        "provisioned_concurrency": p, "offload_rows": R | null}]}],
      "functions": [{"name": "NAME", "experts": [[L, e], ...], "memory_mb": m,
         "provisioned_concurrency": p, "reserved_concurrency": r | null, "keep_warm": k}],
      "estimate": {...}}
 
-The planner writes it; the local host, the backbone service and the CDK app read it. Until the
-planner runs, :func:`one_function_per_expert` is the plan: every expert its own function.
+Three tiers: ``gpu`` (resident in the backbone's GPU memory, run there), ``host`` (in the backbone
+host's RAM, run by onnxruntime on its vCPUs) and ``function`` (Lambda). A ``gpu`` or ``host`` expert
+that functions also host and that has ``offload_rows`` runs in two tiers by phase: a layer's rows
+for it go to its functions when there are at least that many (a prefill chunk), else stay on the
+backbone (decode rows). ``backbone`` names the instance the plan was sized for and how many of it.
+
+Version 1 plans are read: their ``backbone`` placement was an expert the backbone service ran
+in-process on its CPU, i.e. ``host``. The planner writes it; the local host, the backbone service
+and the CDK app read it. Until the planner runs, :func:`one_function_per_expert` is the plan:
+every expert its own function.
 """
 
 from __future__ import annotations
@@ -28,7 +37,8 @@ from moeless.contracts.manifest import Manifest, canonical_digest
 from moeless.errors import PlanError
 from moeless.fileio import write_json_atomic
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+_READABLE_VERSIONS = (1, 2)
 # One full vCPU: an expert's matmuls are compute-bound, and less memory means a fraction of a core.
 DEFAULT_MEMORY_MB = MB_PER_VCPU
 LAMBDA_MEMORY_MB = (128, 10_240)
@@ -45,10 +55,16 @@ class Policy(StrEnum):
 
 
 class Placement(StrEnum):
-    """Where an expert runs: in its own function(s), or resident in the backbone's memory."""
+    """Where an expert runs: in its own function(s), or resident on the backbone, in its GPU's
+    memory (``gpu``) or in its host's RAM, run by its CPUs (``host``)."""
 
     FUNCTION = "function"
-    BACKBONE = "backbone"
+    HOST = "host"
+    GPU = "gpu"
+
+
+RESIDENT = (Placement.HOST, Placement.GPU)
+_V1_PLACEMENTS = {"backbone": Placement.HOST, "function": Placement.FUNCTION}
 
 
 @dataclass
@@ -61,6 +77,21 @@ class ExpertPlacement:
     function: str | None = None
     memory_mb: int = DEFAULT_MEMORY_MB
     provisioned_concurrency: int = 0
+    # a resident expert's rows go to its functions from this many rows in a layer (None: never)
+    offload_rows: int | None = None
+
+    @property
+    def resident(self) -> bool:
+        return self.placement in RESIDENT
+
+
+@dataclass(frozen=True)
+class Backbone:
+    """The instance the plan was sized for, and how many of it serve (each its share of the
+    sequences, behind the load balancer)."""
+
+    instance: str
+    count: int = 1
 
 
 @dataclass
@@ -105,6 +136,7 @@ class Plan:
     params: dict[str, Any] = field(default_factory=dict)
     workers: int | None = None
     estimate: PlanEstimate | None = None
+    backbone: Backbone | None = None
 
     def to_dict(self) -> dict[str, Any]:
         layers: dict[int, list[dict[str, Any]]] = {}
@@ -116,6 +148,7 @@ class Plan:
             "policy": self.policy,
             "params": self.params,
             "workers": self.workers,
+            "backbone": asdict(self.backbone) if self.backbone else None,
             "layers": [{"layer": layer, "experts": rows} for layer, rows in sorted(layers.items())],
             "functions": [asdict(f) | {"experts": [list(p) for p in f.experts]} for f in self.functions],
             "estimate": asdict(self.estimate) if self.estimate else {},
@@ -136,14 +169,14 @@ class Plan:
         tokens are split into that many invokes, spread over the functions hosting it in turn. One
         function hosting an expert with 3 replicas gives ``[f, f, f]`` (three environments of f, as
         its provisioned concurrency provides); plans that give each replica its own function list
-        each once. Experts on the backbone have no entry.
+        each once. Resident experts have an entry only where they offload (``offload_rows``).
         """
         hosts = self.replica_functions()
         targets: dict[tuple[int, int], list[str]] = {}
         for placement in self.experts:
             key = (placement.layer, placement.expert)
             names = hosts.get(key)
-            if placement.placement == Placement.BACKBONE or not names:
+            if not names or (placement.resident and placement.offload_rows is None):
                 continue
             targets[key] = [names[k % len(names)] for k in range(max(placement.replicas, len(names)))]
         return targets
@@ -153,10 +186,28 @@ class Plan:
         return canonical_digest(self.to_dict())
 
     def in_process(self) -> list[tuple[int, int]]:
-        """The experts the backbone runs itself (placed there, or hosted by no function): what a
+        """The experts the backbone runs itself (resident, or hosted by no function): what a
         backbone fetches at start. The others it needs only for the fallback, on demand."""
+        return sorted(self.tiers())
+
+    def tiers(self) -> dict[tuple[int, int], Placement]:
+        """(layer, expert) -> where the backbone runs it itself: ``gpu`` or ``host`` (an expert
+        hosted by no function runs on the host)."""
         targets = self.invoke_targets()
-        return sorted({(p.layer, p.expert) for p in self.experts} - set(targets))
+        return {
+            (p.layer, p.expert): Placement(p.placement) if p.resident else Placement.HOST
+            for p in self.experts
+            if p.resident or (p.layer, p.expert) not in targets
+        }
+
+    def offloads(self) -> dict[tuple[int, int], int]:
+        """(layer, expert) -> rows from which a resident expert's layer goes to its functions."""
+        targets = self.invoke_targets()
+        return {
+            (p.layer, p.expert): p.offload_rows
+            for p in self.experts
+            if p.resident and p.offload_rows is not None and (p.layer, p.expert) in targets
+        }
 
     def prefixed(self, prefix: str) -> Plan:
         """This plan with its functions deployed under ``prefix`` (one stage's names in a shared account).
@@ -192,6 +243,7 @@ class Plan:
                 f"the plan places no replica of {len(missing)} expert(s), e.g. {_pairs(missing[:5])}"
             )
         on_functions = {(p.layer, p.expert) for p in self.experts if p.placement == Placement.FUNCTION}
+        on_functions |= {(p.layer, p.expert) for p in self.experts if p.offload_rows is not None}
         if unhosted := sorted(on_functions - hosted):
             raise PlanError(f"no function hosts expert(s) {_pairs(unhosted[:5])}")
 
@@ -224,14 +276,19 @@ def plan_from_dict(data: Any) -> Plan:
     """Build a :class:`Plan` from parsed JSON; raises :class:`PlanError` naming what is wrong."""
     if not isinstance(data, dict):
         raise PlanError("a plan is a JSON object")
-    if data.get("schema_version") != SCHEMA_VERSION:
-        raise PlanError(f"plan schema_version {data.get('schema_version')!r} is not supported (expected 1)")
+    version = data.get("schema_version")
+    if version not in _READABLE_VERSIONS:
+        raise PlanError(
+            f"plan schema_version {version!r} is not supported (this moeless reads "
+            f"{' and '.join(map(str, _READABLE_VERSIONS))}): plan again with `moeless plan`"
+        )
     try:
         experts = [
-            ExpertPlacement(layer=int(layer["layer"]), **row)
+            ExpertPlacement(layer=int(layer["layer"]), **_placement_row(row, version))
             for layer in data["layers"]
             for row in layer["experts"]
         ]
+        backbone = data.get("backbone")
         functions = [
             FunctionSpec(**(row | {"experts": [(int(a), int(b)) for a, b in row["experts"]]}))
             for row in data.get("functions", [])
@@ -243,11 +300,20 @@ def plan_from_dict(data: Any) -> Plan:
             params=dict(data.get("params") or {}),
             workers=data.get("workers"),
             estimate=PlanEstimate.from_dict(data["estimate"]) if data.get("estimate") else None,
+            backbone=Backbone(str(backbone["instance"]), int(backbone["count"])) if backbone else None,
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise PlanError(f"the plan is malformed: {type(exc).__name__}: {exc}") from None
     _check_values(plan)
     return plan
+
+
+def _placement_row(row: dict[str, Any], version: int) -> dict[str, Any]:
+    """One expert's row as this version reads it: a version 1 ``backbone`` placement is ``host``
+    (the backbone service ran it in-process, on its CPU)."""
+    if version == 1 and "placement" in row:
+        return row | {"placement": _V1_PLACEMENTS.get(row["placement"], row["placement"])}
+    return row
 
 
 def _check_values(plan: Plan) -> None:
@@ -271,11 +337,18 @@ def _check_values(plan: Plan) -> None:
             raise PlanError(f"function {spec.name}: provisioned concurrency must be >= 0 and <= reserved")
         if not isinstance(spec.keep_warm, int) or spec.keep_warm < 0:
             raise PlanError(f"function {spec.name}: keep_warm must be an integer >= 0")
+    if plan.backbone is not None and plan.backbone.count < 1:
+        raise PlanError(f"backbone count must be at least 1, not {plan.backbone.count}")
     for placement in plan.experts:
         if placement.placement not in tuple(Placement) or placement.replicas < 1:
             raise PlanError(
-                f"layer {placement.layer} expert {placement.expert}: placement must be function|backbone "
-                "with replicas >= 1"
+                f"layer {placement.layer} expert {placement.expert}: placement must be "
+                f"{'|'.join(Placement)} with replicas >= 1"
+            )
+        if placement.offload_rows is not None and (not placement.resident or placement.offload_rows < 1):
+            raise PlanError(
+                f"layer {placement.layer} expert {placement.expert}: offload_rows is for gpu or host "
+                "experts, and at least 1"
             )
 
 

@@ -52,6 +52,8 @@ class OnnxExpertPool:
         source: str | None = None,
         budget_bytes: int | None = None,
         pinned: frozenset[tuple[int, int]] = frozenset(),
+        on_gpu: frozenset[tuple[int, int]] = frozenset(),
+        device: str = "cpu",
     ) -> None:
         self.artifacts_dir = Path(artifacts_dir)
         self.manifest = manifest or load_manifest(self.artifacts_dir)
@@ -59,6 +61,7 @@ class OnnxExpertPool:
         self.source = source
         self.budget_bytes = budget_bytes
         self.pinned = pinned
+        self.on_gpu = on_gpu if device == "cuda" else frozenset()
         self._sessions: OrderedDict[tuple[int, int], Any] = OrderedDict()
         self._cached_bytes = 0  # of the open experts not pinned
         self._s3: Any = None
@@ -101,7 +104,19 @@ class OnnxExpertPool:
             self._s3 = self._s3 or boto3.client("s3")
             self.fetched += download_entry(self._s3, self.source, self.artifacts_dir, entry)
         data = read_verified(self.artifacts_dir, entry)
-        return ort.InferenceSession(data, session_options(self.threads), providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(
+            data, session_options(self.threads), providers=self.providers(layer, expert)
+        )
+
+    def providers(self, layer: int, expert: int) -> list[str]:
+        """Where onnxruntime runs one expert: the plan's gpu-tier experts on the backbone's CUDA
+        device when this onnxruntime has it (the backbone image installs onnxruntime-gpu), the
+        others on the host's CPUs."""
+        import onnxruntime as ort
+
+        if (layer, expert) in self.on_gpu and "CUDAExecutionProvider" in ort.get_available_providers():
+            return ["CUDAExecutionProvider", "CPUExecutionProvider"]
+        return ["CPUExecutionProvider"]
 
     def _evict(self, keep: tuple[int, int]) -> None:
         """Drop the least recently used unpinned experts (not ``keep``) until within the budget."""

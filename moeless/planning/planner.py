@@ -284,8 +284,8 @@ def _remoe(layers: dict[int, np.ndarray], request: PlanRequest, shape: ExpertSha
         jobs: list[tuple[int, int]] = []  # (expert, replica)
         for e in range(len(load)):
             choice = solution.choices[(layer, e)]
-            if choice.placement == Placement.BACKBONE:
-                experts.append(ExpertPlacement(layer, e, "backbone", 1, [], None, 0, 0))
+            if choice.placement == Placement.GPU:
+                experts.append(ExpertPlacement(layer, e, Placement.GPU, 1, [], None, 0, 0))
             else:
                 jobs += [(e, k) for k in range(choice.replicas)]
         if request.workers and jobs:
@@ -392,7 +392,7 @@ def estimate(
         backbone_ms = 0.0
         for e in range(len(load)):
             p = by_key[(layer, e)]
-            if p.placement == Placement.BACKBONE:
+            if p.resident:
                 backbone_ms += model.backbone_expert_ms(
                     tokens[e], shape.hidden, shape.intermediate, shape.weight_bytes
                 )
@@ -422,7 +422,7 @@ def estimate(
         usd_per_s += sum(
             model.provisioned_usd_per_s(f.memory_mb, f.provisioned_concurrency) for f in plan.functions
         )
-        resident = sum(shape.weight_bytes for p in plan.experts if p.placement == Placement.BACKBONE)
+        resident = sum(shape.weight_bytes for p in plan.experts if p.resident)
         usd_per_s += (resident + plan.params.get("mmp_gb", 0.0) * 1e9) / 1e9 * model.gpu_usd_per_gb_s()
     usd_per_step += usd_per_s / work.steps_per_s
     steps_per_request = request.tokens_per_request / work.batch_tokens

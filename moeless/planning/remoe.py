@@ -55,7 +55,7 @@ class Workload:
 
 @dataclass
 class Choice:
-    placement: str  # "backbone" | "function"
+    placement: str  # "gpu" (resident in the backbone GPU's spare memory) | "function"
     memory_mb: int
     replicas: int
     provisioned: int
@@ -174,7 +174,7 @@ def solve(
         for i, key in enumerate(keys):
             if resident[i]:
                 ms = model.backbone_expert_ms(tokens[i], shape.hidden, shape.intermediate, size)
-                chosen[key] = Choice("backbone", 0, 1, 0, ms, backbone_usd, size)
+                chosen[key] = Choice(Placement.GPU, 0, 1, 0, ms, backbone_usd, size)
             else:
                 chosen[key] = functions[i]
         return chosen

@@ -129,6 +129,7 @@ class Backbone:
             stats=self.stats,
             fallback_source=config.experts_source,
             fallback_cache_bytes=config.fallback_cache_bytes,
+            device=resolve_device(config.device),
         )
         keeper = KeepWarm(self.plan, self.dispatcher.warm)
         self.keep_warm = keeper.start() if keeper.needed else None

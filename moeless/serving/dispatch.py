@@ -35,7 +35,7 @@ from moeless.contracts.payload import (
     max_tokens_per_request,
     payload_json,
 )
-from moeless.contracts.plan import Plan
+from moeless.contracts.plan import Placement, Plan
 from moeless.experts.runtime import OnnxExpertPool
 from moeless.planning.concurrency import LevelClock, LevelDemand
 from moeless.planning.packing import Slice, bundle_slices
@@ -78,6 +78,7 @@ class LambdaDispatcher:
         fallback_source: ``s3://`` package to fetch a fallback expert from when it is not on disk.
         fallback_cache_bytes: most bytes of fallback experts kept open (LRU); the plan's
             in-process experts are kept regardless.
+        device: the backbone's device; on ``cuda`` the plan's gpu-tier experts run there.
     """
 
     def __init__(
@@ -93,6 +94,7 @@ class LambdaDispatcher:
         stats: ServingStats | None = None,
         fallback_source: str | None = None,
         fallback_cache_bytes: int | None = None,
+        device: str = "cpu",
     ) -> None:
         self.client = client
         self.qualifier = qualifier
@@ -106,7 +108,10 @@ class LambdaDispatcher:
             source=fallback_source,
             budget_bytes=fallback_cache_bytes,
             pinned=frozenset(plan.in_process()),
+            on_gpu=frozenset(key for key, tier in plan.tiers().items() if tier == Placement.GPU),
+            device=device,
         )
+        self.offloads = plan.offloads()
         self.max_rows = max_tokens_per_request(manifest.hidden_size)
         self._in_flight: dict[str, int] = {}
         self.observed: RollingLoads | None = None  # set to record the tokens each expert receives
@@ -136,6 +141,11 @@ class LambdaDispatcher:
         slices: dict[str, list[Slice]] = {}  # function -> the expert slices it gets this layer
         for expert, rows in inputs.items():
             names = self.replicas.get((layer, expert), [])
+            offload = self.offloads.get((layer, expert))
+            if offload is not None:  # resident, and on its functions from this many rows (a prefill)
+                names = names if len(rows) >= offload else []
+                if names:
+                    self.stats.inc("offloads")
             if not names:  # in process (Plan.in_process): on the backbone, or hosted by no function
                 parts[expert].append((0, len(jobs), 0))
                 jobs.append((self._run_local, (layer, [(expert, rows)])))

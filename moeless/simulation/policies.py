@@ -6,12 +6,15 @@ admits, and the hardware both sides really need (:func:`~moeless.planning.instan
 * the **fleet** (``static``): the cheapest set of GPU instances whose memory holds every weight at
   the GPU dtype plus the KV cache of ``max_batch`` sequences of ``context_tokens``;
 * the **backbone** (serverless policies): the cheapest instance that holds the dense part plus the
-  same KV cache. Remoe keeps experts resident in the memory it has left (no extra GPU).
+  same KV cache. Remoe keeps experts resident in the memory it has left (no extra GPU);
+* the **hybrid** node: the cheapest single instance whose GPU holds the dense part and the KV cache
+  and whose RAM holds every routed expert at the expert dtype, run by its CPUs (KTransformers,
+  llama.cpp; the Remoe paper's own split), if one does.
 
-Policies: ``static`` (the whole model on the fleet), ``moeless`` (load-aware replicas, one
-function each, pre-warmed by the layer-aware predictor), ``remoe`` (Remoe's optimiser: resident
-experts on the backbone, the rest as functions, SPS pre-warming), ``oracle`` (moeless's plan with
-every replica warm and free: the bound).
+Policies: ``static`` (the whole model on the fleet), ``hybrid`` (every expert on the hybrid node's
+host), ``moeless`` (load-aware replicas, one function each, pre-warmed by the layer-aware
+predictor), ``remoe`` (Remoe's optimiser: resident experts on the backbone's GPU, the rest as
+functions, SPS pre-warming), ``oracle`` (moeless's plan with every replica warm and free: the bound).
 """
 
 from __future__ import annotations
@@ -23,18 +26,19 @@ from typing import Any
 import numpy as np
 
 from moeless.contracts.loads import Loads
-from moeless.contracts.plan import Plan
-from moeless.errors import PlanError, SimulationError
+from moeless.contracts.plan import Backbone, ExpertPlacement, Placement, Plan
+from moeless.errors import CatalogueError, PlanError, SimulationError
 from moeless.model.shapes import ModelShape
 from moeless.planning.concurrency import ForecastReplanner
 from moeless.planning.cost_model import EXPERT_DTYPES, CostModel, ExpertShape
-from moeless.planning.instances import CATALOGUE, Fleet, Instance, cheapest_fleet
+from moeless.planning.instances import CATALOGUE, Fleet, Instance, cheapest_backbone, cheapest_fleet
 from moeless.simulation.arrivals import Arrivals
+from moeless.simulation.host import HostModel
 from moeless.simulation.roofline import Hardware, Roofline
 from moeless.simulation.routing import RecordedRouting, StepRouting
 from moeless.simulation.simulator import GiveUp, GpuModel, PolicyResult, PrewarmModel, Request, Simulator
 
-POLICIES = ("static", "moeless", "remoe", "oracle")
+POLICIES = ("static", "hybrid", "moeless", "remoe", "oracle")
 
 # The predictors' accuracy measured on a real model's routing (gpt-oss-20b, all 24 layers, 70/30
 # split by request: `moeless predict eval-routing ../shared/data/routing/gptoss20b_decode.npz`,
@@ -63,6 +67,9 @@ class Deployment:
     backbone: Fleet
     model: CostModel
     prefill_chunk: int | None = None  # prompt tokens per engine step (chunked prefill); None: whole
+    hybrid: Fleet | None = None  # the hybrid node (None: no single instance's RAM holds the experts)
+    account_concurrency: int | None = None  # Lambda's concurrent executions (None: not limited)
+    catalogue: dict[str, Instance] | None = None  # where backbones are chosen from (None: CATALOGUE)
 
     @classmethod
     def choose(
@@ -85,6 +92,11 @@ class Deployment:
         experts = shape.expert_bytes(dtype) * shape.num_experts * len(shape.moe_layers)
         catalogue = catalogue or CATALOGUE
         backbone = serving_fleet(dense + kv, catalogue)
+        host_experts = shape.routed_params * EXPERT_DTYPES[expert_dtype].memory_bytes
+        try:
+            hybrid: Fleet | None = Fleet(cheapest_backbone(dense + kv, host_experts, catalogue), 1)
+        except CatalogueError:
+            hybrid = None
         return cls(
             shape,
             expert_dtype,
@@ -95,6 +107,39 @@ class Deployment:
             backbone,
             replace(model or CostModel(), gpu=backbone.instance),  # what Remoe prices residency at
             prefill_chunk,
+            hybrid,
+            catalogue=catalogue,
+        )
+
+    def with_backbone(self, instance: Instance, count: int = 1) -> Deployment:
+        """This deployment on ``count`` backbones of ``instance`` (each serves its share of the
+        sequences; resident experts are priced at its GPU)."""
+        return replace(self, backbone=Fleet(instance, count), model=replace(self.model, gpu=instance))
+
+    def for_plan(self, plan: Plan) -> Deployment:
+        """This deployment on the backbones ``plan`` was sized for (itself if it names none)."""
+        if plan.backbone is None:
+            return self
+        catalogue = self.catalogue or CATALOGUE
+        instance = catalogue.get(plan.backbone.instance)
+        if instance is None:
+            raise SimulationError(
+                f"the plan was sized for a {plan.backbone.instance} backbone, which the instance "
+                "catalogue does not list: pass the catalogue it was planned with (--instances)"
+            )
+        if (instance, plan.backbone.count) == (self.backbone.instance, self.backbone.count):
+            return self
+        return self.with_backbone(instance, plan.backbone.count)
+
+    def host_model(self) -> HostModel:
+        """The backbone's host as it runs host-tier experts: its vCPUs at the per-vCPU rate measured
+        here (``CostModel.gflops_per_vcpu``), its usable memory bandwidth."""
+        instance = self.backbone.instance
+        return HostModel(
+            instance.vcpus,
+            instance.host_memory_gbps,
+            self.model.gflops_per_vcpu,
+            compute_speedup=EXPERT_DTYPES[self.expert_dtype].compute_speedup,
         )
 
     @property
@@ -152,6 +197,7 @@ class Deployment:
             "prefill_chunk": self.prefill_chunk,
             "backbone": self.backbone.label(),
             "fleet": self.fleet.label(),
+            "hybrid": self.hybrid.label() if self.hybrid else None,
         }
 
     def describe(self) -> list[str]:
@@ -174,6 +220,11 @@ class Deployment:
             f"- serverless backbone: {self.backbone.label()} (${self.backbone.hourly_usd:.2f}/h), "
             f"the cheapest that holds the dense part and the KV cache; "
             f"{self.spare_backbone_gb():.1f} GB left for Remoe's resident experts",
+            f"- hybrid node: {self.hybrid.label()} (${self.hybrid.hourly_usd:.2f}/h), the cheapest whose "
+            f"GPU holds the dense part and the KV cache and whose RAM holds every expert in "
+            f"{self.expert_dtype}"
+            if self.hybrid
+            else f"- hybrid node: none: no single instance's RAM holds every expert in {self.expert_dtype}",
         ]
 
     def sources(self) -> list[str]:
@@ -183,7 +234,8 @@ class Deployment:
             f"GPU step time: {hardware.describe()} "
             "(moeless/simulation/roofline.py: the efficiencies are assumptions)",
             f"fleet instance: {self.fleet.instance.source}",
-            f"backbone instance: {self.backbone.instance.source}",
+            f"backbone instance: {self.backbone.instance.source}; host: {self.backbone.instance.host_source}",
+            f"{self.host_model().describe()} (moeless/simulation/host.py)",
             f"expert dtype {self.expert_dtype}: {EXPERT_DTYPES[self.expert_dtype]} "
             "(benchmarks/expert_runtime.py)",
         ]
@@ -218,6 +270,8 @@ def plan_for_policy(name: str, loads: Loads, deployment: Deployment) -> Plan:
     shape = deployment.expert_size()
     if name == "static":
         return Plan("static", [], [])
+    if name == "hybrid":
+        return all_on_host(loads, deployment)
     if name == "remoe":
         request = PlanRequest(
             "remoe", memory_gb=deployment.spare_backbone_gb(), workload=work, model=deployment.model
@@ -230,6 +284,31 @@ def plan_for_policy(name: str, loads: Loads, deployment: Deployment) -> Plan:
         return make_plan(loads, request, shape=shape)
     except PlanError as exc:
         raise SimulationError(f"{name} cannot plan this deployment: {exc}") from None
+
+
+def all_on_host(loads: Loads, deployment: Deployment) -> Plan:
+    """The hybrid node's plan: every expert in its host's RAM, run by its CPUs."""
+    if deployment.hybrid is None:
+        raise SimulationError(
+            f"no single instance's RAM holds every expert in {deployment.expert_dtype}: no hybrid node "
+            "(a smaller --expert-dtype, or your own --catalogue)"
+        )
+    experts = [
+        ExpertPlacement(layer, expert, Placement.HOST)
+        for layer, load in loads.layers.items()
+        for expert in range(len(load))
+    ]
+    hybrid = deployment.hybrid
+    return Plan("hybrid", experts, [], backbone=Backbone(hybrid.instance.name, hybrid.count))
+
+
+def on_hardware(name: str, deployment: Deployment) -> Deployment:
+    """The deployment a policy runs on: the hybrid policy on the hybrid node."""
+    if name == "hybrid":
+        if deployment.hybrid is None:
+            raise SimulationError(f"no single instance's RAM holds every expert in {deployment.expert_dtype}")
+        return replace(deployment, backbone=deployment.hybrid)
+    return deployment
 
 
 def simulate_policy(
@@ -261,10 +340,14 @@ def simulate_policy(
     re-planner (``params["replan"]``) runs with it.
     """
     reprovision = None
+    deployment = on_hardware(name, deployment)
     if plan is None:
         plan = plan_for_policy(name, routing.loads(), deployment)
-    elif (reprovision := ForecastReplanner.from_plan(plan)) is not None:
-        replan_s = float(plan.params["replan"]["interval_s"])
+    else:
+        if name != "static":
+            deployment = deployment.for_plan(plan)
+        if (reprovision := ForecastReplanner.from_plan(plan)) is not None:
+            replan_s = float(plan.params["replan"]["interval_s"])
     serverful = name == "static"
     oracle = name == "oracle"
 
@@ -292,6 +375,8 @@ def simulate_policy(
         timeline=timeline,
         warm_up=warm_up,
         record_demand=record_demand,
+        host=deployment.host_model(),
+        account_concurrency=deployment.account_concurrency,
     ).run(replay, duration_s, progress, give_up=give_up)
     result.policy = name
     return result

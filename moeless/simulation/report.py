@@ -25,6 +25,8 @@ COLUMNS = (
     "moe_layer_ms_p99",
     "cold_starts",
     "invokes",
+    "throttles",
+    "fallbacks",
     "steps",
     "replans",
     "prewarms",

@@ -22,7 +22,10 @@ its experts:
   measured on the local host, whose client, servers and instances share one machine's cores;
   there, the machine's momentary load also scales each layer's invoke overheads by a lognormal
   factor of spread ``invoke_spread`` (0 on AWS).
-* the **backbone** GPU (Remoe's resident experts): the roofline of the experts it touched.
+* the backbone's **GPU** (``gpu`` tier): the roofline of the experts it touched, at HBM speed;
+* the backbone's **host** (``host`` tier): its vCPUs and RAM, each distinct expert read once, no
+  invoke (:class:`~moeless.simulation.host.HostModel`); a resident expert with ``offload_rows``
+  sends a layer's rows to its functions from that many rows on (a prefill chunk);
 * **serverful** (``static``): the whole model on a GPU fleet; the layer's experts cost the
   roofline of the experts the step touched, no invokes.
 
@@ -31,8 +34,13 @@ once per forward of the step as the engine runs them: each prefill alone, then o
 A layer ends when its last piece does; then the step moves on. Events are processed in time
 order across the backbone's step loops, so function instances are shared as they would be.
 
+With ``account_concurrency``, the environments running at once (on demand, initialising ones
+included) and the provisioned ones together stay within the account's limit, as Lambda keeps
+them: an invoke beyond it is throttled (429), retried as the dispatcher retries (its attempts
+and backoff), then served by the backbone's host as the dispatcher's fallback.
+
 Costs: Lambda requests, billed duration (init included on cold starts), provisioned GB-s for the
-simulated time, and the GPUs kept up for the span (the backbone instance for serverless
+simulated time, and the GPUs kept up for the span (the backbone instances for serverless
 policies, the whole fleet for ``static``).
 """
 
@@ -42,7 +50,7 @@ import heapq
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -56,6 +64,7 @@ from moeless.planning.concurrency import ForecastReplanner, LevelClock, LevelDem
 from moeless.planning.cost_model import CostModel, ExpertShape
 from moeless.planning.packing import Slice, bundle_slices
 from moeless.serving.generation import prefill_shares
+from moeless.simulation.host import HostModel
 from moeless.simulation.roofline import Hardware
 from moeless.simulation.routing import StepRouting
 
@@ -146,6 +155,8 @@ class PolicyResult:
     tokens_served: dict[tuple[int, int], int] = field(default_factory=dict)
     invokes: int = 0
     cold_starts: int = 0
+    throttles: int = 0  # invokes refused beyond the account's concurrency (each retry counted)
+    fallbacks: int = 0  # pieces the host served after their retries were throttled
     usd: dict[str, float] = field(default_factory=dict)
     duration_s: float = 0.0
     requests: int = 0
@@ -199,6 +210,8 @@ class PolicyResult:
             "moe_layer_ms_p99": pct(self.layer_latency_ms, 99),
             "cold_starts": self.cold_starts,
             "invokes": self.invokes,
+            "throttles": self.throttles,
+            "fallbacks": self.fallbacks,
             "steps": self.steps,
             "replans": self.replans,
             "prewarms": self.prewarms,
@@ -347,6 +360,10 @@ class Simulator:
             (their inits billed).
         record_demand: keep what each function saw by level (``PolicyResult.demand``); a run that
             only needs its summary skips it (the forecasting re-planner always keeps it).
+        host: the backbone host that runs ``host``-tier experts (and throttled pieces); ``None``:
+            this machine's 2 vCPUs at the cost model's per-vCPU figures.
+        account_concurrency: the account's concurrent executions (``None``: no limit).
+        retries: (attempts, first backoff in s) of a throttled invoke, as the dispatcher retries.
     """
 
     def __init__(
@@ -373,6 +390,9 @@ class Simulator:
         warm_up: bool = False,
         ping_s: float = KEEP_WARM_PING_S,
         record_demand: bool = True,
+        host: HostModel | None = None,
+        account_concurrency: int | None = None,
+        retries: tuple[int, float] = (3, 0.02),
     ) -> None:
         self.plan = plan
         self.routing = routing
@@ -393,6 +413,11 @@ class Simulator:
         self.prewarm = prewarm
         self.timeline = timeline
         self.max_rows = max_tokens_per_request(size.hidden)
+        self.host = host or HostModel(2, 2 * model.mem_gbps_per_vcpu, model.gflops_per_vcpu)
+        self.host = replace(self.host, compute_speedup=compute_speedup)
+        self.account_concurrency = account_concurrency
+        self.retries = retries
+        self._running: list[float] = []  # heap: when each on-demand environment busy now is free
         self._rng = np.random.default_rng(seed)
         self._prewarm_rng = np.random.default_rng(prewarm.seed if prewarm else 0)
         self._spread_rng = np.random.default_rng(seed + 1)
@@ -447,13 +472,21 @@ class Simulator:
             functions[spec.name] = function
         self.plan = plan
         self.functions = functions
+        self._provisioned_total = sum(f.provisioned for f in functions.values())
         self.placement = {(p.layer, p.expert): p for p in plan.experts}
         self.targets = plan.invoke_targets()
-        # per layer, expert -> the functions its replicas invoke (None: resident on the backbone)
+        # per layer, expert -> the functions its replicas invoke (None: resident on the backbone,
+        # on its GPU or its host: ``_tiers``); a resident expert that offloads: ``_offloads``
         self._routes: dict[int, dict[int, list[str] | None]] = {}
-        for (layer, expert), placed in self.placement.items():
-            resident = placed.placement == Placement.BACKBONE
-            self._routes.setdefault(layer, {})[expert] = None if resident else self.targets[(layer, expert)]
+        tiers = plan.tiers()
+        self._gpu: dict[int, set[int]] = {}  # per layer, the experts resident on the GPU
+        for (layer, expert), tier in tiers.items():
+            if tier == Placement.GPU:
+                self._gpu.setdefault(layer, set()).add(expert)
+        self._offloads = {key: (rows, self.targets[key]) for key, rows in plan.offloads().items()}
+        for layer, expert in self.placement:
+            names = None if (layer, expert) in tiers else self.targets[(layer, expert)]
+            self._routes.setdefault(layer, {})[expert] = names
         # the same, each function once (a pre-warm warms a function, not a replica)
         self._distinct_routes = {
             layer: {e: None if t is None else tuple(dict.fromkeys(t)) for e, t in routes.items()}
@@ -466,6 +499,8 @@ class Simulator:
             owner: dict[str, int] = {}
             unbundled = True
             for expert, targets in routes.items():
+                if (layer, expert) in self._offloads:
+                    targets = self._offloads[(layer, expert)][1]
                 if targets is None:
                     continue
                 distinct = set(targets)
@@ -798,7 +833,8 @@ class Simulator:
         usd: dict[str, float],
     ) -> float:
         slowest = 0.0
-        resident, resident_selections = 0, 0
+        gpu, gpu_selections, host, host_selections = 0, 0, 0, 0
+        on_gpu, offloads = self._gpu.get(layer, ()), self._offloads
         issued = 0  # invokes of this layer so far: the k-th leaves k x invoke_serial_ms later
         # the machine's momentary load scales the layer's invoke overheads (lognormal, 0: none)
         spread = self.model.invoke_spread
@@ -809,9 +845,16 @@ class Simulator:
         routed = []  # (expert, tokens, the functions of its replicas) of the experts on functions
         for expert, tokens in zip(needed.tolist(), row[needed].tolist(), strict=True):
             names = routes[expert]
-            if names is None:  # resident on the backbone
-                resident += 1
-                resident_selections += tokens
+            if names is None:  # resident on the backbone, unless this many rows go to its functions
+                offload = offloads.get((layer, expert)) if offloads else None
+                if offload is not None and tokens >= offload[0]:
+                    routed.append((expert, tokens, offload[1]))
+                elif expert in on_gpu:
+                    gpu += 1
+                    gpu_selections += tokens
+                else:
+                    host += 1
+                    host_selections += tokens
             else:
                 routed.append((expert, tokens, names))
         if layer in self._unbundled_layers and not timeline:
@@ -830,7 +873,7 @@ class Simulator:
                         )
                         if latency > slowest:
                             slowest = latency
-            return max(slowest, self._gpu_experts_ms(resident, resident_selections))
+            return max(slowest, self._resident_ms(gpu, gpu_selections, host, host_selections))
         for expert, tokens, names in routed:
             replicas = len(names)
             if replicas == 1 and tokens <= max_rows and not timeline:  # one piece, one function
@@ -851,7 +894,17 @@ class Simulator:
                     now + delay_ms / 1e3, name, [rows for _, _, rows in bundle], result, usd, factor
                 )
                 slowest = max(slowest, latency)
-        return max(slowest, self._gpu_experts_ms(resident, resident_selections))
+        return max(slowest, self._resident_ms(gpu, gpu_selections, host, host_selections))
+
+    def _resident_ms(self, gpu: int, gpu_selections: int, host: int, host_selections: int) -> float:
+        """The layer's resident experts: the GPU's at HBM speed beside the host's on its CPUs, both
+        alongside the layer's invokes."""
+        host_ms = self.host.layer_ms(host, self.size.weight_bytes, self._expert_flops(host_selections))
+        return max(self._gpu_experts_ms(gpu, gpu_selections), host_ms)
+
+    def _expert_flops(self, selections: int) -> float:
+        """FLOPs of ``selections`` token-expert pairs (a SwiGLU expert: three matmuls)."""
+        return 6.0 * self.size.hidden * self.size.intermediate * selections
 
     def _prewarm(
         self, now: float, index: int, row: np.ndarray, result: PolicyResult, usd: dict[str, float]
@@ -896,6 +949,43 @@ class Simulator:
         self._initialising.append(now + cold_ms / 1e3)
         return cold_ms
 
+    def _room(self, at: float, function: _Function | None = None) -> bool:
+        """Whether an invoke at ``at`` gets an environment within the account's concurrency: an
+        idle provisioned one of ``function``, or room beside the on-demand ones running then and
+        every provisioned one (allocated whether busy or not)."""
+        if function is not None and _any_idle(function.provisioned_free_at, at):
+            return True
+        running = self._running
+        while running and running[0] <= at:
+            heapq.heappop(running)
+        assert self.account_concurrency is not None
+        return len(running) + self._provisioned_total < self.account_concurrency
+
+    def _throttled(
+        self,
+        now: float,
+        name: str,
+        bundle: Sequence[int],
+        result: PolicyResult,
+        usd: dict[str, float],
+        overhead_factor: float,
+    ) -> float:
+        """An invoke Lambda refused (429, not billed): retried after the dispatcher's backoff, each
+        retry again only if there is room; after the last, the backbone's host serves the piece."""
+        attempts, backoff_s = self.retries
+        waited_s = 0.0
+        for attempt in range(1, attempts):
+            result.throttles += 1
+            waited_s += backoff_s * 2 ** (attempt - 1)
+            if self._room(now + waited_s, self.functions[name]):
+                return waited_s * 1e3 + self._invoke(
+                    now + waited_s, name, bundle, result, usd, overhead_factor
+                )
+        result.throttles += 1
+        result.fallbacks += 1
+        flops = self._expert_flops(sum(bundle))
+        return waited_s * 1e3 + self.host.layer_ms(len(bundle), self.size.weight_bytes, flops)
+
     def _times(self, memory_mb: int, rows: int) -> tuple[float, float]:
         """(invoke overhead and transfer, expert compute) of ``rows`` rows at ``memory_mb``, ms
         (memoised: a whole-model run asks for the same few sizes millions of times)."""
@@ -925,6 +1015,8 @@ class Simulator:
         experts (one, or several of one layer, computed one after another); returns its latency,
         ms (``overhead_factor`` scales its overhead and transfer: the machine's momentary load)."""
         function = self.functions[name]
+        if self.account_concurrency is not None and not self.oracle and not self._room(now, function):
+            return self._throttled(now, name, bundle, result, usd, overhead_factor)
         memory, piece_ms = function.memory_mb, self._piece_ms
         if len(bundle) == 1:  # (most invokes: one expert's piece)
             times = piece_ms.get((memory, bundle[0])) or self._times(memory, bundle[0])
@@ -990,6 +1082,8 @@ class Simulator:
                     k = len(function.free_at) - 1
                     start = now + cold_ms / 1e3
                 function.free_at[k] = start + busy_ms / 1e3
+                if self.account_concurrency is not None:
+                    heapq.heappush(self._running, function.free_at[k])
             if self.record_demand:  # by level, its cold starts as on-demand Lambda alone would have had them
                 level_idle = self._levels.touch(name, level, now)
                 demand = self._demand.get(name)

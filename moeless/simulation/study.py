@@ -7,6 +7,7 @@ from pathlib import Path
 
 from moeless.contracts.plan import Plan
 from moeless.errors import SimulationError
+from moeless.planning.api_prices import ApiPrice, usd_per_1k_requests
 from moeless.simulation.policies import Deployment, simulate_policy
 from moeless.simulation.routing import StepRouting
 from moeless.simulation.simulator import PolicyResult, PrewarmModel, Request
@@ -28,6 +29,7 @@ def run_study(
     seed: int = 0,
     plots: bool = True,
     plans: dict[str, Plan] | None = None,
+    api_price: ApiPrice | None = None,
 ) -> tuple[list[PolicyResult], list[Path]]:
     """Simulate ``policies`` on ``replay``; returns the results and the plot files written.
 
@@ -40,6 +42,7 @@ def run_study(
         plans: policy -> a plan it replays as it is (with the warm-up pass its params ask for, but
             after a quiet where it was judged so: :func:`warm_up_replayed`), rather than planning
             from the routing's loads.
+        api_price: a hosted API's price for the model: the report's reference line.
     """
     from moeless.simulation.plots import write_plots
     from moeless.simulation.report import write_report
@@ -83,6 +86,7 @@ def run_study(
             if predictors
         ),
         *skipped,
+        *([api_line(api_price, replay)] if api_price else []),
     ]
     write_report(results, out_dir, header, deployment.sources())
     if not plots:
@@ -97,3 +101,14 @@ def warm_up_replayed(plan: Plan) -> bool:
     sizing = plan.params.get("sizing")
     after_quiet = isinstance(sizing, dict) and bool(sizing.get("judged_after_quiet"))
     return bool(plan.params.get("warm_up")) and not after_quiet
+
+
+def api_line(price: ApiPrice, replay: list[Request]) -> str:
+    """The reference line: what these requests would cost on a hosted API for the model."""
+    usd = usd_per_1k_requests(
+        price, sum(r.prompt_tokens for r in replay), sum(r.output_tokens for r in replay), len(replay)
+    )
+    return (
+        f"- reference: a hosted API at ${price.input_usd_per_m:g} / ${price.output_usd_per_m:g} per "
+        f"million input / output tokens would bill ${usd:.4f} per 1k of these requests ({price.source})"
+    )

@@ -7,7 +7,7 @@ from moeless.sizing.family import FrontierPoint
 from moeless.sizing.optimiser import size_for_slo
 from moeless.sizing.settings import DEFAULT_SEARCH, SearchSpace, load_search
 from moeless.sizing.slo import Slo
-from moeless.sizing.structures import lambda_floor_ms
+from moeless.sizing.tiers import lambda_floor_ms
 
 __all__ = [
     "DEFAULT_SEARCH",

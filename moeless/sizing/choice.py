@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from moeless.errors import SimulationError
 from moeless.simulation.report import ms
 from moeless.sizing.family import FrontierPoint
+from moeless.sizing.fitting import LeftOut, least_needed
 from moeless.sizing.slo import Slo
 
 
@@ -38,6 +39,7 @@ class Sizing:
     premium_paid: float | None = None
     simulated: int = 0  # distinct warm plans simulated (beside the probes)
     skipped: int = 0  # distinct plans not simulated: their lower bound proved they could not be chosen
+    left_out: tuple[LeftOut, ...] = ()  # distinct plans the account's quotas cannot hold, not judged
 
     def best_latency(self) -> FrontierPoint:
         """The point with the lowest p99 TPOT (what an unreachable SLO can have instead), among
@@ -113,7 +115,19 @@ class SloUnreachable(SimulationError):
 
 def why_unreachable(sizing: Sizing) -> str:
     """The refusal: the best latency reached, or, where only the stall bound stands in the way,
-    why and what the planning traffic alone would take."""
+    why and what the planning traffic alone would take; and what the account's quotas left out."""
+    why = _why_missed(sizing)
+    if sizing.left_out:
+        least = "; ".join(str(s) for s in least_needed(sizing.left_out))
+        why += (
+            f". {len(sizing.left_out)} candidates the account cannot hold were not judged; the one "
+            f"that needs least: {least}"
+        )
+    return why
+
+
+def _why_missed(sizing: Sizing) -> str:
+    """Why no plan judged meets the SLO."""
     slo, stall_ms = sizing.slo, sizing.best_stall_tpot_ms
     chunked = any(p.prefill_chunk for p in sizing.points)
     shorter = (

@@ -93,6 +93,9 @@ class FrontierPoint:
         summary = self.summary
         return {
             "policy": self.plan.policy,
+            "tier": self.structure.tier,
+            "backbone": self.structure.variant.backbone.label(),
+            "offload_rows": self.structure.offload_rows or "",
             "memory_mb": self.memory_mb,
             "replica_scale": self.replica_scale,
             "packing": self.packing,
@@ -186,6 +189,8 @@ def family(
             warmth[name] = Warmth(provisioned, level - provisioned)
         return warmth
 
+    if not structure.plan.functions:  # every expert on the backbone: nothing to keep warm
+        return [candidate(0.0, {})]
     every = search.warm_every_level or search.uniform_levels or search.premium is not None
     reach = structure.reach() if every else {}
     if search.warm_every_level:

@@ -22,14 +22,17 @@ from typing import Any
 from tqdm import tqdm
 
 from moeless.contracts.environment import KEEP_WARM_PING_S
-from moeless.contracts.plan import Plan, PlanEstimate, Policy
+from moeless.contracts.plan import Backbone, Plan, PlanEstimate, Policy
 from moeless.errors import SimulationError
 from moeless.planning.concurrency import ping_cost_usd
+from moeless.planning.quotas import layer_invokes
 from moeless.simulation.policies import Deployment
 from moeless.simulation.routing import StepRouting
 from moeless.simulation.simulator import GiveUp, PrewarmModel, Request
 from moeless.sizing.choice import Sizing, SloUnreachable, choose, premium_paid
 from moeless.sizing.family import Candidate, FrontierPoint, family
+from moeless.sizing.fitting import LeftOut, fitting, refuse_none_fits
+from moeless.sizing.report import cheapest_by_tier
 from moeless.sizing.runner import Job, Runner, Traffic, runner
 from moeless.sizing.settings import DEFAULT_SEARCH, SearchSpace
 from moeless.sizing.slo import Slo, check_judgeable
@@ -53,19 +56,29 @@ def size_for_slo(
 ) -> Sizing:
     """The cheapest plan of ``policy`` that meets ``slo`` on ``replay`` within ``search``.
 
+    Plans the account's quotas (``search.quotas``) cannot hold are left out unjudged
+    (:mod:`~moeless.sizing.fitting`).
+
     Raises:
         SloUnreachable: no plan meets it; the error carries every point tried.
+        PlanDoesNotFit: no candidate fits the account's quotas; names the smallest increase.
         SimulationError: the policy cannot plan this deployment, or the traffic judges nothing.
     """
     if policy not in SIZED_POLICIES:
         raise SimulationError(f"the replica optimiser sizes moeless or remoe plans, not {policy!r}")
     check_judgeable(replay, duration_s)
-    shapes = list(structures(policy, deployment, routing, search))
+    shapes = list(structures(policy, deployment, routing, search, replay, duration_s))
+    shapes, left_out = fitting(shapes, _plan, search.quotas)
+    if not shapes:
+        refuse_none_fits(policy, left_out)
     traffic = Traffic(policy, routing, replay, duration_s, search, prewarm, seed)
     with runner(traffic, search.processes) as run:
         candidates, probes = _probe(shapes, run, search, progress)
+        invokes = {shape.key: layer_invokes(shape.plan) for shape in shapes}  # warmth leaves them be
+        candidates, too_warm = fitting(candidates, _plan, search.quotas, lambda c: invokes[c.structure.key])
         points, simulated, skipped = _judge(candidates, probes, run, slo, search, progress)
-        sizing = _answer(policy, slo, points, floor_ms(deployment, search), search, simulated, skipped)
+        counts = (simulated, skipped, (*left_out, *too_warm))
+        sizing = _answer(policy, slo, points, floor_ms(deployment, search), search, *counts)
         if sizing.chosen is None:
             raise SloUnreachable(sizing)
         chosen = sizing.chosen
@@ -76,6 +89,10 @@ def size_for_slo(
     annotated = replace(chosen, plan=_annotated(chosen, sizing))
     judged = tuple(annotated if p is sizing.chosen else p for p in sizing.points)
     return replace(sizing, chosen=annotated, points=judged)
+
+
+def _plan(item: Structure | Candidate) -> Plan:
+    return item.plan
 
 
 def _probe(
@@ -239,6 +256,7 @@ def _answer(
     search: SearchSpace,
     simulated: int,
     skipped: int,
+    left_out: tuple[LeftOut, ...],
 ) -> Sizing:
     """The choice among the judged points, with and without the stall bound."""
     premium = search.premium
@@ -259,6 +277,7 @@ def _answer(
         else None,
         simulated=simulated,
         skipped=skipped,
+        left_out=left_out,
     )
 
 
@@ -300,12 +319,22 @@ def _annotated(chosen: FrontierPoint, sizing: Sizing) -> Plan:
             },
         },
     }
+    params["sizing"]["tier"] = chosen.structure.tier
+    params["sizing"]["alternatives"] = {
+        tier: None if point is None else point.usd_per_1k for tier, point in cheapest_by_tier(sizing).items()
+    }
+    backbone = deployment.backbone
     estimate = PlanEstimate(
         cost_per_1k_requests=float(summary["usd_per_1k_requests"]),
         makespan_ms=float(summary["moe_layer_ms_p50"] or 0.0),
         functions=len(chosen.plan.functions),
         provisioned_concurrency=chosen.provisioned,
-        priced_as="simulated on the planning traffic: Lambda + backbone GPU",
+        priced_as="simulated on the planning traffic: Lambda + backbone instances",
         sources=deployment.sources(),
     )
-    return replace(chosen.plan, params=params, estimate=estimate)
+    return replace(
+        chosen.plan,
+        params=params,
+        estimate=estimate,
+        backbone=Backbone(backbone.instance.name, backbone.count),
+    )

@@ -1,8 +1,9 @@
-"""What ``plan`` says of a sizing beside the plan: how the chosen warmth was decided, and what the
-stall probe says of the chosen structure."""
+"""What ``plan`` says of a sizing beside the plan: how the chosen warmth was decided, what the
+stall probe says of the chosen structure, and what the account's quotas left out."""
 
 from __future__ import annotations
 
+from moeless.planning.quotas import MEMORY_QUOTA
 from moeless.sizing.choice import Sizing
 from moeless.sizing.family import FrontierPoint
 
@@ -48,3 +49,83 @@ def stall_lines(sizing: Sizing) -> list[str]:
         "than this traffic's will miss it whatever is kept warm; the stall bound (the default; "
         '"stall_bound": true) sizes replicas for it'
     ]
+
+
+def left_out_lines(sizing: Sizing) -> list[str]:
+    """How many candidates the account's quotas left out, one line per quota (a candidate short
+    of both counts in both), with the least increase that admits one."""
+    lines = []
+    for quota in dict.fromkeys(s.quota for needs in sizing.left_out for s in needs):
+        short = [s for needs in sizing.left_out for s in needs if s.quota == quota]
+        one, have = len(short) == 1, short[0].have
+        needs_more = (
+            f"{'its' if one else 'their'} functions need more than the account's {have:,} MB"
+            if quota == MEMORY_QUOTA
+            else f"{'it needs' if one else 'they need'} more than the account's {have:,} concurrent "
+            "executions"
+        )
+        least = min(s.more for s in short)
+        lines.append(
+            f"  {len(short)} candidate{'' if one else 's'} left out: {needs_more} (the least by {least:,})"
+        )
+    return lines
+
+
+def cheapest_by_tier(sizing: Sizing) -> dict[str, FrontierPoint | None]:
+    """Each tier judged (``lambda``, ``host N%``, ``hybrid``, ``fleet``): its cheapest point that
+    meets the SLO on the planning traffic (``None``: none of its points does)."""
+    tiers: dict[str, FrontierPoint | None] = {}
+    for point in sizing.points:
+        best = tiers.get(point.structure.tier)
+        if sizing.slo.met(point.summary) and (best is None or point.usd_per_1k < best.usd_per_1k):
+            tiers[point.structure.tier] = point
+        else:
+            tiers.setdefault(point.structure.tier, None)
+    return tiers
+
+
+def alternative_lines(sizing: Sizing) -> list[str]:
+    """What the chosen plan is against what a user would otherwise run: the fleet that holds the
+    model, the hybrid node, and moeless with every expert on Lambda, each at its cheapest that
+    meets the SLO on the same traffic (or missing it), and the cost ratio to the cheapest."""
+    chosen = sizing.chosen
+    if chosen is None:
+        return []
+    by_tier = cheapest_by_tier(sizing)
+    names = {"fleet": "GPU fleet", "hybrid": "hybrid node", "lambda": "all experts on Lambda"}
+    parts, costs = [], []
+    for tier, name in names.items():
+        if tier not in by_tier:
+            continue
+        point = by_tier[tier]
+        if point is None:
+            parts.append(f"{name}: misses the SLO")
+            continue
+        costs.append(point.usd_per_1k)
+        parts.append(f"{name} ({point.structure.variant.backbone.label()}): ${point.usd_per_1k:.2f}")
+    if not parts:
+        return []
+    lines = [f"  alternatives, per 1k requests on this traffic: {'; '.join(parts)}"]
+    if costs:
+        ratio = chosen.usd_per_1k / min(costs)
+        lines.append(f"  the plan ({chosen.structure.tier}) costs {ratio:.2f}x the cheapest of them")
+    else:
+        lines.append("  none of them meets the SLO on this traffic")
+    return lines
+
+
+def tier_line(chosen: FrontierPoint) -> str:
+    """Where the chosen plan puts the experts, and on what backbones."""
+    from collections import Counter
+
+    plan, structure = chosen.plan, chosen.structure
+    tiers = Counter(str(p.placement) for p in plan.experts)
+    offloading = sum(p.offload_rows is not None for p in plan.experts)
+    parts = [f"{tiers[t]} {t}" for t in ("gpu", "host", "function") if tiers[t]]
+    if offloading:
+        parts.append(f"{offloading} host experts also functions from {structure.offload_rows} rows a layer")
+    backbone = structure.variant.backbone
+    return (
+        f"tier {structure.tier}: experts {', '.join(parts)}; backbone {backbone.label()} "
+        f"(${backbone.hourly_usd:.2f}/h)"
+    )

@@ -15,8 +15,10 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from moeless.aws_limits import MAX_FUNCTION_MEMORY_MB
 from moeless.errors import MoelessError
 from moeless.planning.cost_model import EXPERT_DTYPES
+from moeless.planning.quotas import DEFAULT_QUOTAS, AccountQuotas
 
 # $ per cold start on the request path: 0, 1e-5 .. 10 in quarter decades, and infinity
 PRICE_GRID: tuple[float, ...] = (0.0, *(10 ** (k / 4) for k in range(-20, 5)), math.inf)
@@ -43,6 +45,13 @@ class SearchSpace:
         change the outputs: the user's call, never the optimiser's own).
       prefill_chunks: prompt tokens per engine step the optimiser may choose besides the
         deployment's (``null``: whole prompts).
+    Tiers (moeless; docs/planner.md, "Tiers"):
+      host_shares: besides Lambda alone, plans whose backbone holds the experts that take this
+        share of each layer's tokens (1.0: all of them, the hybrid node), on the instance that
+        holds them.
+      offload_rows: such plans also with their host experts deployed as functions, a layer's rows
+        for one going there from this many rows on (a prefill's), decode rows staying on the host.
+      alternatives: also the fleet that holds the model, as a candidate like any other.
     Warmth and insurance:
       keep_warm: keep environments warm by pings as well as by provisioned concurrency.
       stall_bound: each structure must decode within the TPOT bound beside a prefill chunk.
@@ -51,6 +60,9 @@ class SearchSpace:
       warm_every_level: one plan per structure, every level a step can use warm, whatever it costs.
       uniform_levels: also judge every function warm to one level, 0 to 4.
       replan_s: the forecasting re-planner's interval, s (``null``: none); sized with it running.
+    The account (docs/planner.md, "Account quotas"):
+      account_concurrency: its concurrent executions; a candidate that needs more is left out.
+      max_function_memory_mb: its function memory cap; a structure above it is left out.
     Speed:
       processes: processes that simulate candidates at once (0: one per CPU core).
       exhaustive: simulate every candidate even where a bound proves it cannot be chosen (the
@@ -63,18 +75,25 @@ class SearchSpace:
     groups: tuple[int, ...] = (1,)
     expert_dtypes: tuple[str, ...] = ()
     prefill_chunks: tuple[int | None, ...] = ()
+    host_shares: tuple[float, ...] = (0.5, 0.9, 1.0)
+    offload_rows: tuple[int, ...] = (32,)
+    alternatives: bool = True
     keep_warm: bool = True
     stall_bound: bool = True
     every_level_premium: float | None = 0.1
     warm_every_level: bool = False
     uniform_levels: bool = False
     replan_s: float | None = None
+    account_concurrency: int = DEFAULT_QUOTAS.concurrency
+    max_function_memory_mb: int = DEFAULT_QUOTAS.max_function_memory_mb
     processes: int = 0
     exhaustive: bool = False
 
     def __post_init__(self) -> None:
         problems = []
-        for name in ("memory_mb", "replica_scales", "packings", "groups"):
+        if not all(isinstance(v, int | float) and 0 < v <= 1 for v in self.host_shares):
+            problems.append(f"host_shares: shares above 0 and at most 1, not {list(self.host_shares)}")
+        for name in ("memory_mb", "replica_scales", "packings", "groups", "offload_rows"):
             values = getattr(self, name)
             if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in values):
                 problems.append(f"{name}: positive integers, not {list(values)}")
@@ -88,6 +107,13 @@ class SearchSpace:
             problems.append(f"every_level_premium: 0 or more, or null, not {self.every_level_premium}")
         if self.replan_s is not None and not self.replan_s > 0:
             problems.append(f"replan_s: seconds above 0, or null, not {self.replan_s}")
+        if self.account_concurrency < 1:
+            problems.append(f"account_concurrency: 1 or more, not {self.account_concurrency}")
+        if not 128 <= self.max_function_memory_mb <= MAX_FUNCTION_MEMORY_MB:
+            problems.append(
+                f"max_function_memory_mb: Lambda allows 128-{MAX_FUNCTION_MEMORY_MB}, "
+                f"not {self.max_function_memory_mb}"
+            )
         if self.processes < 0:
             problems.append(f"processes: 0 (one per core) or more, not {self.processes}")
         if not (self.replica_scales and self.packings and self.groups):
@@ -109,6 +135,11 @@ class SearchSpace:
     def premium(self) -> float | None:
         """The every-level premium that applies (none where every level is kept warm anyway)."""
         return None if self.warm_every_level else self.every_level_premium
+
+    @property
+    def quotas(self) -> AccountQuotas:
+        """The account's quotas every candidate must fit."""
+        return AccountQuotas(self.account_concurrency, self.max_function_memory_mb)
 
     def to_json(self) -> str:
         """The settings as a search file (what ``plan --print-search`` prints)."""

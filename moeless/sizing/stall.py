@@ -41,5 +41,6 @@ def stall_tpot_ms(plan: Plan, deployment: Deployment, routing: StepRouting) -> f
     so the prompt joins the decoding batch."""
     one_loop = replace(deployment, backbone=replace(deployment.backbone, count=1))
     probe = stall_probe(deployment)
+    plan = replace(plan, backbone=None)  # (a sized plan names its backbones: the probe runs one)
     result = simulate_policy("oracle", one_loop, routing, probe, 0.0, plan=plan, timeline=False)
     return float(np.percentile(result.tpot_ms, 99))

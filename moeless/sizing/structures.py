@@ -1,8 +1,12 @@
-"""The candidates' structures: packing, grouping, memory, replicas, dtype and prefill chunk.
+"""The candidates' structures: tier, packing, grouping, memory, replicas, dtype and prefill chunk.
 
 Each structure is one plan of the policy with nothing warm yet; its family of warmth levels is
 sized on it (:mod:`moeless.sizing.family`). The dtypes and chunks searched are the deployment's
-unless the search space allows more.
+unless the search space allows more. moeless plans also come in every tier the search holds
+(:mod:`moeless.sizing.tiers`): part or all of the experts on the backbone's GPU and host, each
+tier on the backbone instance and count it needs; those with functions are searched in memory and
+replicas, one function per expert (packing serves Lambda's cold starts, which a tier with the hot
+experts resident has few of).
 """
 
 from __future__ import annotations
@@ -18,11 +22,13 @@ from moeless.contracts.loads import Loads, shares
 from moeless.contracts.payload import max_tokens_per_request
 from moeless.contracts.plan import Plan
 from moeless.planning.concurrency import levels_in_reach, with_concurrency, with_memory, with_replicas
-from moeless.planning.cost_model import EXPERT_DTYPES, MEMORY_OPTIONS_MB
+from moeless.planning.cost_model import MEMORY_OPTIONS_MB
 from moeless.planning.packing import pack_across_layers, pack_within_layer
 from moeless.simulation.policies import Deployment, plan_for_policy
 from moeless.simulation.routing import RecordedRouting, StepRouting
+from moeless.simulation.simulator import Request
 from moeless.sizing.settings import SearchSpace
+from moeless.sizing.tiers import LAMBDA, lambda_floor_ms, tiers
 
 
 @dataclass(frozen=True)
@@ -38,6 +44,8 @@ class Structure:
     packing: int
     group: int
     stall_tpot_ms: float | None = None
+    tier: str = LAMBDA
+    offload_rows: int | None = None
 
     @property
     def key(self) -> tuple[object, ...]:
@@ -49,6 +57,9 @@ class Structure:
             self.group,
             self.variant.expert_dtype,
             self.variant.prefill_chunk,
+            self.tier,
+            self.offload_rows,
+            self.variant.backbone.label(),
         )
 
     def reach(self) -> dict[str, int]:
@@ -68,59 +79,92 @@ def variants(deployment: Deployment, search: SearchSpace) -> dict[tuple[str, int
 
 
 def structures(
-    policy: str, deployment: Deployment, routing: StepRouting, search: SearchSpace
+    policy: str,
+    deployment: Deployment,
+    routing: StepRouting,
+    search: SearchSpace,
+    replay: list[Request] | None = None,
+    span_s: float = 0.0,
 ) -> Iterator[Structure]:
     """Every candidate structure of ``policy`` the search space holds (a packing that needs more
     memory than a size offers is sized up, once; one whose functions cannot cold-start within their
-    timeout is left out)."""
+    timeout is left out); moeless's in every tier, on as many backbones as ``replay`` needs."""
     loads = routing.loads()
     together = coactivation(routing, loads)
     for variant in variants(deployment, search).values():
-        base = with_concurrency(plan_for_policy(policy, loads, variant), {})
-        memory_for = functools.partial(memory_for_experts, variant)
-        packed_by = {(n, 1): pack_across_layers(base, n, together, memory_for) for n in search.packings} | {
-            (1, g): pack_within_layer(
-                base, g, lambda layer: together(layer, layer), lambda layer: loads.layers[layer], memory_for
-            )
-            for g in search.groups
-            if g > 1
-        }
-        # a packing whose functions cannot cold-start within their timeout is no candidate
-        weight = variant.expert_size().weight_bytes
-        packed_by = {
-            key: packed
-            for key, packed in packed_by.items()
-            if not any(variant.model.too_slow_to_load(weight * len(f.experts)) for f in packed.functions)
-        }
-        memories = list(search.memory_mb) or default_memory_options(variant)
-        seen = set()
-        for (per_function, group), memory_option, scale in itertools.product(
-            packed_by, memories, search.replica_scales
-        ):
-            packed = packed_by[(per_function, group)]
-            memory = max(memory_option, max((f.memory_mb for f in packed.functions), default=memory_option))
-            if (per_function, group, memory, scale) in seen:
+        if policy != "moeless" or replay is None:
+            yield from _lambda_structures(policy, variant, loads, together, search)
+            continue
+        shares, rows = search.host_shares, search.offload_rows
+        for tier in tiers(variant, loads, shares, rows, replay, span_s, search.alternatives):
+            if tier.label == LAMBDA:
+                yield from _lambda_structures(policy, tier.variant, loads, together, search)
                 continue
-            seen.add((per_function, group, memory, scale))
-            plan = with_replicas(with_memory(packed, memory), scale)
-            yield Structure(variant, plan, memory, scale, per_function, group)
+            base = tier.apply(with_concurrency(plan_for_policy(policy, loads, tier.variant), {}))
+            if not base.functions:
+                yield Structure(tier.variant, base, 0, 1, 1, 1, tier=tier.label)
+                continue
+            for memory, scale in itertools.product(
+                memory_options(tier.variant, search), search.replica_scales
+            ):
+                plan = with_replicas(with_memory(base, memory), scale)
+                yield Structure(
+                    tier.variant, plan, memory, scale, 1, 1, tier=tier.label, offload_rows=tier.offload_rows
+                )
 
 
-def lambda_floor_ms(deployment: Deployment, memory_mb: int) -> float:
-    """TPOT's floor on Lambda: every MoE layer pays one warm invoke of one token and its expert."""
-    model, size = deployment.model, deployment.expert_size()
-    speedup = EXPERT_DTYPES[deployment.expert_dtype].compute_speedup
-    expert = model.expert_ms(1, size.hidden, size.intermediate, model.vcpus(memory_mb), size.weight_bytes)
-    return len(deployment.shape.moe_layers) * (model.invoke_ms(1, size.hidden) + expert / speedup)
+def _lambda_structures(
+    policy: str,
+    variant: Deployment,
+    loads: Loads,
+    together: Callable[[int, int], np.ndarray],
+    search: SearchSpace,
+) -> Iterator[Structure]:
+    """The policy's plans on ``variant`` in every packing, grouping, memory and replica scale."""
+    base = with_concurrency(plan_for_policy(policy, loads, variant), {})
+    memory_for = functools.partial(memory_for_experts, variant)
+    packed_by = {(n, 1): pack_across_layers(base, n, together, memory_for) for n in search.packings} | {
+        (1, g): pack_within_layer(
+            base, g, lambda layer: together(layer, layer), lambda layer: loads.layers[layer], memory_for
+        )
+        for g in search.groups
+        if g > 1
+    }
+    # a packing whose functions cannot cold-start within their timeout is no candidate
+    weight = variant.expert_size().weight_bytes
+    packed_by = {
+        key: packed
+        for key, packed in packed_by.items()
+        if not any(variant.model.too_slow_to_load(weight * len(f.experts)) for f in packed.functions)
+    }
+    memories = memory_options(variant, search)
+    seen = set()
+    for (per_function, group), memory_option, scale in itertools.product(
+        packed_by, memories, search.replica_scales
+    ):
+        packed = packed_by[(per_function, group)]
+        memory = max(memory_option, max((f.memory_mb for f in packed.functions), default=memory_option))
+        if (per_function, group, memory, scale) in seen:
+            continue
+        seen.add((per_function, group, memory, scale))
+        plan = with_replicas(with_memory(packed, memory), scale)
+        yield Structure(variant, plan, memory, scale, per_function, group)
 
 
 def floor_ms(deployment: Deployment, search: SearchSpace) -> float:
-    """The lowest Lambda floor of TPOT over the variants and memory sizes searched."""
+    """The lowest Lambda floor of TPOT over the variants and memory sizes searched that the
+    account's memory cap allows (called where some structure fits it)."""
     return min(
         lambda_floor_ms(variant, memory)
         for variant in variants(deployment, search).values()
-        for memory in (list(search.memory_mb) or default_memory_options(variant))
+        for memory in memory_options(variant, search)
+        if memory <= search.max_function_memory_mb
     )
+
+
+def memory_options(deployment: Deployment, search: SearchSpace) -> list[int]:
+    """The memory sizes searched: the search's, else :func:`default_memory_options`."""
+    return list(search.memory_mb) or default_memory_options(deployment)
 
 
 def memory_for_experts(deployment: Deployment, experts: int) -> int:

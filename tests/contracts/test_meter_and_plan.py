@@ -8,7 +8,7 @@ import pytest
 
 from moeless.aws_prices import PRICES, billed_ms, gb_seconds, vcpus_for_memory
 from moeless.contracts.manifest import load_manifest
-from moeless.contracts.plan import load_plan, one_function_per_expert, plan_from_dict
+from moeless.contracts.plan import Backbone, load_plan, one_function_per_expert, plan_from_dict
 from moeless.errors import PlanError
 from moeless.lambda_host.meter import BillingMeter, format_bill
 from tests.fakes import FakeClock
@@ -72,7 +72,10 @@ def test_default_plan_round_trips_and_fits(tiny, tmp_path):
 @pytest.mark.parametrize(
     "mutate, message",
     [
-        (lambda d: d.update(schema_version=9), "schema_version 9"),
+        (lambda d: d.update(schema_version=9), "schema_version 9 .* plan again with `moeless plan`"),
+        (lambda d: d["layers"][0]["experts"][0].update(placement="backbone"), "gpu|host|function"),
+        (lambda d: d["layers"][0]["experts"][0].update(offload_rows=4), "offload_rows is for gpu or host"),
+        (lambda d: d.update(backbone={"instance": "g6e.xlarge", "count": 0}), "backbone count"),
         (lambda d: d["functions"][0].update(memory_mb=64), "outside Lambda's"),
         (lambda d: d["functions"][0].update(name="bad name!"), "not a valid Lambda name"),
         (
@@ -92,6 +95,36 @@ def test_bad_plans_are_refused_with_a_reason(tiny, mutate, message):
     mutate(data)
     with pytest.raises(PlanError, match=message):
         plan_from_dict(data).check_fits(manifest)
+
+
+def test_a_version_1_plan_is_read_with_its_backbone_experts_on_the_host(tiny):
+    manifest = load_manifest(tiny.package("mixtral"))
+    data = json.loads(json.dumps(one_function_per_expert(manifest).to_dict()))
+    data["schema_version"] = 1
+    del data["backbone"]
+    first = data["layers"][0]["experts"][0]
+    first.update(placement="backbone", function=None)
+    data["functions"] = [f for f in data["functions"] if f["name"] != "moeless-l000-e000"]
+    plan = plan_from_dict(data)
+    plan.check_fits(manifest)
+    assert plan.tiers() == {(0, 0): "host"} and plan.backbone is None
+    assert plan.to_dict()["schema_version"] == 2
+
+
+def test_tiers_offloads_and_the_backbone_round_trip(tiny, tmp_path):
+    manifest = load_manifest(tiny.package("mixtral"))
+    plan = one_function_per_expert(manifest)
+    plan.experts[0].placement, plan.experts[0].function = "gpu", None
+    plan.functions = plan.functions[1:]
+    plan.experts[1].placement, plan.experts[1].offload_rows = "host", 16
+    plan.backbone = Backbone("g6e.4xlarge", 2)
+    plan.save(tmp_path / "plan.json")
+    again = load_plan(tmp_path / "plan.json", manifest)
+    assert again.to_dict() == plan.to_dict() and again.backbone == Backbone("g6e.4xlarge", 2)
+    first, second = [(e.layer, e.expert) for e in plan.experts[:2]]
+    assert again.tiers() == {first: "gpu", second: "host"}
+    assert again.offloads() == {second: 16}
+    assert again.invoke_targets()[second] == ["moeless-l000-e001"] and first not in again.invoke_targets()
 
 
 def test_unreadable_plan_file(tmp_path):

@@ -24,7 +24,7 @@ from aws_cdk.assertions import Match, Template  # noqa: E402
 
 from moeless.contracts.loads import Loads  # noqa: E402
 from moeless.contracts.manifest import ExpertEntry, Manifest, load_manifest  # noqa: E402
-from moeless.contracts.plan import Plan, one_function_per_expert  # noqa: E402
+from moeless.contracts.plan import Backbone, Plan, one_function_per_expert  # noqa: E402
 from moeless.contracts.rest import PUBLIC_ROUTES  # noqa: E402
 from tests.conftest import REPO_ROOT  # noqa: E402
 
@@ -53,12 +53,14 @@ def synth(config: DeployConfig, outdir: Path) -> tuple[MoelessStacks, Path]:
 
 def tiny_plan(artifacts: Path) -> Plan:
     """One function per expert, with the kinds of values a planner writes: bigger memory for hot
-    experts, provisioned concurrency on some, reserved concurrency on one."""
+    experts, provisioned concurrency on some, reserved concurrency on one; two backbones of the
+    instance the plan was sized for."""
     plan = one_function_per_expert(load_manifest(artifacts))
     for index, spec in enumerate(plan.functions):
         spec.memory_mb = 1769 + 256 * (index % 3)
         spec.provisioned_concurrency = index % 3
         spec.reserved_concurrency = 8 if index == 0 else None
+    plan.backbone = Backbone("g6e.2xlarge", 2)
     return plan
 
 
@@ -163,8 +165,9 @@ class TestBackbone:
         )
         template.has_resource_properties(
             "AWS::EC2::LaunchTemplate",
-            {"LaunchTemplateData": Match.object_like({"InstanceType": "g5.xlarge"})},
+            {"LaunchTemplateData": Match.object_like({"InstanceType": "g6e.2xlarge"})},
         )
+        template.has_resource_properties("AWS::ECS::Service", {"DesiredCount": 2})
         # Amazon Linux 2023's GPU AMI (AL2's reached its end of support on 2026-06-30)
         parameters = json.dumps(template.to_json()["Parameters"])
         assert "amazon-linux-2023/gpu" in parameters and "amazon-linux-2/gpu" not in parameters
@@ -200,7 +203,7 @@ class TestBackbone:
         config, stacks, _ = tiny_deploy
         template = Template.from_stack(stacks.backbone)
         template.has_resource_properties(
-            "AWS::AutoScaling::AutoScalingGroup", {"MaxSize": str(config.backbone_max_tasks + 1)}
+            "AWS::AutoScaling::AutoScalingGroup", {"MaxSize": str(config.max_tasks + 1)}
         )
         template.has_resource_properties(
             "AWS::ECS::Service",
@@ -268,6 +271,15 @@ class TestBackbone:
         assert not [name for name in others if fnmatch.fnmatchcase(name, pattern)]
         with pytest.raises(DeployConfigError, match="no '-'"):
             replace(config, stage="dev-b")
+
+    def test_the_backbone_is_the_plans_unless_the_context_names_the_same(self, tiny_deploy):
+        config, _, _ = tiny_deploy
+        assert (config.instance_type, config.backbone_tasks, config.max_tasks) == ("g6e.2xlarge", 2, 2)
+        assert replace(config, backbone_instance_type="g6e.2xlarge").instance_type == "g6e.2xlarge"
+        with pytest.raises(DeployConfigError, match="sized for a g6e.2xlarge backbone.*says g5.xlarge"):
+            replace(config, backbone_instance_type="g5.xlarge")
+        unsized = replace(config, plan=replace(config.plan, backbone=None))
+        assert (unsized.instance_type, unsized.backbone_tasks) == ("g5.xlarge", 1)
 
 
 class TestApi:

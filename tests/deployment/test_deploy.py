@@ -27,8 +27,7 @@ from moeless.contracts.plan import one_function_per_expert, plan_for
 from moeless.contracts.rest import PUBLIC_ROUTES
 from moeless.deployment.cloud_mirror import mirror_deployment
 from moeless.deployment.deploy import DeployError, DeployRequest, check, deploy, destroy, synthesize
-from moeless.deployment.preflight import PlanDoesNotFit
-from moeless.errors import ArtifactError
+from moeless.errors import ArtifactError, PlanDoesNotFit
 
 
 def free_port() -> int:

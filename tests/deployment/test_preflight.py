@@ -11,7 +11,8 @@ from botocore.stub import Stubber
 
 from moeless.contracts.manifest import load_manifest
 from moeless.contracts.plan import Plan, one_function_per_expert
-from moeless.deployment.preflight import PlanDoesNotFit, check_account, require_fit
+from moeless.deployment.preflight import check_account, require_fit
+from moeless.errors import PlanDoesNotFit
 
 PREFIX = "moeless-dev-"
 

@@ -24,7 +24,7 @@ def test_groups_follow_co_activation_from_the_most_loaded_expert():
 def _plan(on_backbone: set[tuple[int, int]]) -> Plan:
     pairs = [(layer, e) for layer in range(2) for e in range(4)]
     placements = [
-        ExpertPlacement(layer, e, placement=Placement.BACKBONE)
+        ExpertPlacement(layer, e, placement=Placement.GPU)
         if (layer, e) in on_backbone
         else ExpertPlacement(layer, e, function=f"f{layer}{e}", replicas=2 if e == 0 else 1)
         for layer, e in pairs
@@ -48,7 +48,7 @@ def test_pack_within_layer_keeps_replicas_and_backbone_experts_and_respects_memo
         for p in packed.experts
         if p.function
     )
-    backbone = [p for p in packed.experts if p.placement == Placement.BACKBONE]
+    backbone = [p for p in packed.experts if p.placement == Placement.GPU]
     assert [(p.layer, p.expert, p.function) for p in backbone] == [(1, 3, None)]
     targets = packed.invoke_targets()
     assert targets[(0, 0)] == [targets[(0, 1)][0]] * 2  # two environments of the shared function

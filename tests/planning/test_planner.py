@@ -203,7 +203,7 @@ def test_remoe_dual_meets_the_primal_and_respects_memory_and_slo():
         assert solution.resident_bytes + solution.mmp_bytes <= memory_gb * 1e9 + 1
         assert solution.dual_value <= solution.primal_value + 1e-12  # weak duality
         for choice in solution.choices.values():
-            assert choice.placement == "backbone" or choice.latency_ms <= 150.0
+            assert choice.placement == "gpu" or choice.latency_ms <= 150.0
     with pytest.raises(PlanError, match="raise --memory-gb"):
         solve(shares, shape, work, CostModel(), slo_ms=10.0, memory_bytes=1e9)
 

@@ -42,7 +42,7 @@ def with_two_on_the_backbone(artifacts: Path) -> Plan:
     plan = one_function_per_expert(load_manifest(artifacts))
     kept = {(p.layer, p.expert) for p in plan.experts[:2]}
     plan.experts = [
-        replace(p, placement=Placement.BACKBONE) if (p.layer, p.expert) in kept else p for p in plan.experts
+        replace(p, placement=Placement.HOST) if (p.layer, p.expert) in kept else p for p in plan.experts
     ]
     plan.functions = [f for f in plan.functions if not set(f.experts) <= kept]
     return plan

@@ -308,7 +308,7 @@ def test_experts_placed_on_the_backbone_are_never_invoked(mixtral, tmp_path):
     on_backbone = {(0, 0), (0, 1), (1, 5)}
     for placement in plan.experts:
         if (placement.layer, placement.expert) in on_backbone:
-            placement.placement, placement.function = "backbone", None
+            placement.placement, placement.function = "host", None
     plan.functions = [f for f in plan.functions if tuple(f.experts[0]) not in on_backbone]
     plan.save(tmp_path / "plan.json")
     expected = reference_ids(model_dir, PROMPTS[:4], 8)
@@ -316,6 +316,33 @@ def test_experts_placed_on_the_backbone_are_never_invoked(mixtral, tmp_path):
         assert engine_ids(backbone, PROMPTS[:4], 8) == expected
         assert backbone.stats.get("fallbacks") == 0
         assert "moeless-l000-e000" not in host.pools
+        assert host.meter.snapshot()["totals"]["requests"] == backbone.stats.get("invokes")
+
+
+def test_a_three_tier_plan_gives_the_same_tokens_as_the_unsplit_model(mixtral, tmp_path):
+    """gpu, host and function experts in one plan, and host experts that offload a prefill's rows
+    to their functions: the tokens are the unsplit model's (on this CPU machine the gpu tier runs
+    on the CPU too), and only the function tier and the offloaded prefills are invoked."""
+    model_dir, artifacts = mixtral
+    plan = one_function_per_expert(load_manifest(artifacts))
+    tiers = {(0, 0): "gpu", (1, 3): "gpu", (0, 1): "host", (1, 6): "host"}
+    offloading = {(0, 4), (1, 1)}  # host experts that also have their functions, from 3 rows on
+    for placement in plan.experts:
+        key = (placement.layer, placement.expert)
+        if key in tiers:
+            placement.placement, placement.function = tiers[key], None
+        elif key in offloading:
+            placement.placement, placement.offload_rows = "host", 3
+    plan.functions = [f for f in plan.functions if tuple(f.experts[0]) not in tiers]
+    plan.save(tmp_path / "plan.json")
+    loaded = load_plan(tmp_path / "plan.json", load_manifest(artifacts))
+    assert set(loaded.in_process()) == set(tiers) | offloading
+    expected = reference_ids(model_dir, PROMPTS[:4], 8)
+    with serving(artifacts, plan_path=tmp_path / "plan.json") as (_, backbone, host):
+        assert engine_ids(backbone, PROMPTS[:4], 8) == expected
+        assert backbone.stats.get("fallbacks") == 0
+        assert not {"moeless-l000-e000", "moeless-l001-e003", "moeless-l000-e001"} & set(host.pools)
+        assert backbone.stats.get("offloads") > 0  # the prompts' prefills reached the functions
         assert host.meter.snapshot()["totals"]["requests"] == backbone.stats.get("invokes")
 
 

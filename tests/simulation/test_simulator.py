@@ -15,6 +15,7 @@ from moeless.contracts.loads import Loads
 from moeless.contracts.plan import ExpertPlacement, FunctionSpec, Plan
 from moeless.model.shapes import ModelShape
 from moeless.planning.cost_model import CostModel, ExpertShape
+from moeless.simulation.host import HostModel
 from moeless.simulation.roofline import Hardware, Roofline
 from moeless.simulation.routing import RecordedRouting, SampledRouting
 from moeless.simulation.simulator import GpuModel, PolicyResult, PrewarmModel, Request, Simulator
@@ -487,3 +488,86 @@ def test_a_run_that_keeps_no_demand_serves_the_same():
 
     kept, skipped = run(True), run(False)
     assert kept.summary() == skipped.summary() and kept.demand and not skipped.demand
+
+
+def tiered(layers: int = 2) -> Plan:
+    """Expert 0 of each layer on the GPU, experts 1-3 on the host, the others on functions."""
+    plan = one_function_each(layers)
+    tier = {0: "gpu", 1: "host", 2: "host", 3: "host"}
+    for placement in plan.experts:
+        if placement.expert in tier:
+            placement.placement, placement.function = tier[placement.expert], None
+    plan.functions = [f for f in plan.functions if f.experts[0][1] not in tier]
+    return plan
+
+
+def test_a_steps_host_experts_share_the_hosts_bandwidth_and_its_cores():
+    # the hand-made step of test_a_batched_step_matches_a_hand_computation on a tiered plan:
+    # layer 0 sends 4, 2, 2 tokens to experts 0 (gpu), 1 (host), 2 (host)
+    prefill = [np.array([[[0, 1], [2, 3]], [[0, 1], [2, 3]]]), np.array([[[0, 2], [4, 5]], [[0, 2], [4, 5]]])]
+    routing = RecordedRouting([np.zeros((0, 2, 2), int)] * 2, prefill, 8, 2, [0, 1], [0, 1], "", "hand-made")
+    # a host of 4 vCPUs at 10 GFLOP/s each and 10 GB/s: the two host experts (each read once) are
+    # 2 x 34.6 MB -> 6.92 ms over the bandwidth, their 4 rows 4 x 6 x H x I FLOPs -> 1.73 ms
+    host = HostModel(vcpus=4, memory_gbps=10.0, gflops_per_vcpu=10.0, call_overhead_ms=0.5)
+    sim = Simulator(tiered(), routing, SIZE, CostModel(), GPU, HARDWARE, oracle=True, max_batch=2, host=host)
+    result = sim.run([Request(0.0, 2, 1, 0), Request(0.0, 2, 1, 1)], duration_s=1.0)
+    host_ms = 2 * 0.5 + 1e3 * 2 * SIZE.weight_bytes / 10e9
+    gpu_ms = HARDWARE.roofline.ms(GPU.expert_bytes, 2 * GPU.expert_params * 4)
+    assert host_ms == pytest.approx(1 + 6.92, rel=1e-3) and gpu_ms < host_ms
+    # layer 0: no function serves it (the host is the slowest); layer 1: experts 2, 3 on the host
+    # (4 rows, read once each: the same bytes) beside 4 and 5 as invokes of 2 tokens each
+    invoke = CostModel().invoke_ms(2, 1024) + CostModel().expert_ms(2, 1024, 2816, 1, SIZE.weight_bytes)
+    assert result.layer_latency_ms == pytest.approx([host_ms, max(host_ms, invoke)])
+    assert result.invokes == 2
+    # compute-bound: at 0.1 GFLOP/s per vCPU the same rows take 4 x 6 x H x I / 0.4 GFLOP/s
+    slow = Simulator(tiered(), routing, SIZE, CostModel(), GPU, HARDWARE, oracle=True, max_batch=2,
+                     host=replace(host, gflops_per_vcpu=0.1))  # fmt: skip
+    flops_ms = 1e3 * 4 * 6 * 1024 * 2816 / 0.4e9
+    assert slow.run([Request(0.0, 2, 1, 0), Request(0.0, 2, 1, 1)], 1.0).layer_latency_ms[0] == pytest.approx(
+        1.0 + flops_ms
+    )
+
+
+def test_a_resident_expert_offloads_a_prefills_rows_and_keeps_decode_rows():
+    plan = tiered()
+    for placement in plan.experts:
+        if placement.placement == "host":
+            placement.offload_rows = 16
+    plan.functions += [
+        FunctionSpec(f"f-{layer}-{e}", [(layer, e)], 1769) for layer in (0, 1) for e in (1, 2, 3)
+    ]
+    host = HostModel(vcpus=4, memory_gbps=1.0, gflops_per_vcpu=1.0)  # a slow host
+    long_prompts = Simulator(plan, sampled(), SIZE, CostModel(), GPU, HARDWARE, oracle=True, host=host).run(
+        [Request(0.0, 200, 1, 0)], 1.0
+    )
+    kept = Simulator(tiered(), sampled(), SIZE, CostModel(), GPU, HARDWARE, oracle=True, host=host).run(
+        [Request(0.0, 200, 1, 0)], 1.0
+    )
+    assert long_prompts.invokes > kept.invokes  # the prefill's rows went to functions
+    assert sum(long_prompts.layer_latency_ms) < sum(kept.layer_latency_ms)
+    decode = Simulator(plan, sampled(), SIZE, CostModel(), GPU, HARDWARE, oracle=True, host=host).run(
+        [Request(0.0, 1, 8, 0)], 1.0
+    )
+    decode_kept = Simulator(
+        tiered(), sampled(), SIZE, CostModel(), GPU, HARDWARE, oracle=True, host=host
+    ).run([Request(0.0, 1, 8, 0)], 1.0)
+    assert decode.invokes == decode_kept.invokes  # one row a step: never offloaded
+
+
+def test_invokes_beyond_the_accounts_concurrency_are_throttled_retried_then_served_by_the_host():
+    # 8 requests at once on 8 one-expert functions per layer, nothing warm: a step needs up to 8
+    # environments at once; an account of 3 (1 of them provisioned) throttles the rest
+    replay = [Request(0.0, 32, 4, n) for n in range(8)]
+    free = Simulator(one_function_each(), sampled(), SIZE, CostModel(), GPU, HARDWARE).run(replay, 5.0)
+    assert free.throttles == 0 and free.fallbacks == 0
+    plan = one_function_each()
+    plan.functions[0].provisioned_concurrency = 1
+    limited = Simulator(plan, sampled(), SIZE, CostModel(), GPU, HARDWARE, account_concurrency=3).run(
+        replay, 5.0
+    )
+    assert limited.throttles > 0 and limited.fallbacks > 0
+    assert limited.completed == 8
+    # refused invokes are not billed: the requests charged are the invokes served
+    assert limited.usd["requests"] == pytest.approx(limited.invokes * CostModel().prices.per_request)
+    # what each refused piece waited for: the dispatcher's backoff (20 + 40 ms) at least
+    assert max(limited.layer_latency_ms) >= 60.0

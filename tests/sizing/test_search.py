@@ -27,7 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 MIXTRAL = {"model": "mistralai/Mixtral-8x7B-v0.1", "top_k": 2, "num_model_layers": 32,
            "layers": [{"layer": 0, "counts": [50, 30, 10, 5, 3, 1, 1, 0]}]}  # fmt: skip
 # options that apply both with and without --slo-tpot-ms
-BOTH = {"loads_path", "policy", "model_spec", "slo_tpot_ms", "output", "print_search"}
+BOTH = {"loads_path", "policy", "model_spec", "slo_tpot_ms", "output", "print_search", "account_concurrency",
+        "max_function_memory_mb"}  # fmt: skip
 # a value each option takes when given (flags: none)
 VALUES = {
     "slo_ttft_ms": "100", "search_path": "SEARCH", "arrivals_path": "ARRIVALS", "arrival": "poisson:1",
@@ -145,6 +146,32 @@ def test_the_cli_and_the_demo_size_with_the_default_search_space(monkeypatch, fi
     CliRunner().invoke(cli, args)
     assert seen == [DEFAULT_SEARCH]
     assert "DEFAULT_SEARCH" in (REPO / "moeless/demo/steps.py").read_text()
+
+
+def test_the_accounts_quotas_come_from_the_search_file_unless_the_command_line_gives_them(
+    monkeypatch, files, tmp_path
+):
+    import moeless.sizing as sizing
+
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(args[6])
+        raise SystemExit(0)
+
+    monkeypatch.setattr(sizing, "size_for_slo", spy)
+    search = tmp_path / "quotas.json"
+    search.write_text(json.dumps({"account_concurrency": 300, "max_function_memory_mb": 3008}))
+    assert load_search(search).quotas == replace(DEFAULT_SEARCH, account_concurrency=300,
+                                                 max_function_memory_mb=3008).quotas  # fmt: skip
+    args = ["plan", "--loads", str(files["LOADS"]), "--policy", "moeless", "--slo-tpot-ms", "9", "--arrivals",
+            str(files["ARRIVALS"]), "--search", str(search), "-o", str(files["OUT"])]  # fmt: skip
+    CliRunner().invoke(cli, args)
+    CliRunner().invoke(cli, [*args, "--account-concurrency", "500"])
+    assert [(s.account_concurrency, s.max_function_memory_mb) for s in seen] == [(300, 3008), (500, 3008)]
+    search.write_text(json.dumps({"max_function_memory_mb": 20000}))
+    with pytest.raises(SearchFileError, match="max_function_memory_mb: Lambda allows 128-10240"):
+        load_search(search)
 
 
 def test_every_benchmark_that_sizes_starts_from_the_default_search_space():

@@ -36,7 +36,15 @@ from tests.simulation.test_simulator import GPU, HARDWARE, SIZE, sampled
 
 # the bare optimiser these tests size with: no stall bound, no insurance (each test asks for what it
 # checks), every candidate judged in this process
-BARE = SearchSpace(stall_bound=False, every_level_premium=None, processes=1, exhaustive=True)
+# Lambda alone: these tests are about the functions (the tiers: tests/sizing/test_tiers.py)
+BARE = SearchSpace(
+    stall_bound=False,
+    every_level_premium=None,
+    processes=1,
+    exhaustive=True,
+    host_shares=(),
+    alternatives=False,
+)
 DEFAULT_EVERY_LEVEL_PREMIUM = DEFAULT_SEARCH.every_level_premium
 RENAMED = {"memory_options": "memory_mb", "every_level": "warm_every_level"}
 
@@ -94,7 +102,7 @@ def test_replicas_are_environments_of_the_functions_hosting_the_expert():
         [
             ExpertPlacement(0, 0, replicas=3, function="a"),
             ExpertPlacement(0, 1, replicas=3, function="b"),
-            ExpertPlacement(0, 2, placement="backbone", function=None),
+            ExpertPlacement(0, 2, placement="gpu", function=None),
         ],
         [FunctionSpec("a", [(0, 0)]), FunctionSpec("b", [(0, 1)]), FunctionSpec("c", [(0, 1)])],
     )
@@ -264,7 +272,7 @@ def test_plan_sizes_for_an_slo_and_simulate_replays_that_plan(tmp_path):
     )
     assert replayed.exit_code == 0, replayed.output
     results = {r["policy"]: r for r in csv.DictReader((out / "results.csv").open())}
-    assert set(results) == {"static", "moeless"}
+    assert set(results) == {"static", "hybrid", "moeless"}
     planned = plan.params["sizing"]["planned"]
     assert float(results["moeless"]["usd_per_1k_requests"]) == pytest.approx(planned["usd_per_1k_requests"])
     assert int(results["moeless"]["cold_starts"]) == planned["cold_starts"]
