@@ -9,6 +9,8 @@ import click
 
 from cli.options import (
     account_concurrency_option,
+    api_price,
+    api_price_option,
     deployment_options,
     max_function_memory_option,
     model_option,
@@ -23,7 +25,7 @@ from moeless.contracts.plan import Policy
 SIZED_ONLY = (
     "slo_ttft_ms", "search_path", "frontier", "arrivals_path", "arrival", "rate", "duration",
     "prompt_tokens", "output_tokens", "seed", "resample_experts", "max_batch", "prefill_chunk",
-    "context_tokens", "expert_dtype", "gpu_dtype", "instances_path",
+    "context_tokens", "expert_dtype", "gpu_dtype", "instances_path", "api_price_text",
 )  # fmt: skip
 ANALYTIC_ONLY = (
     "workers", "slots", "memory_gb", "slo_ms", "artifacts", "previous", "top_k", "batch_tokens",
@@ -140,6 +142,7 @@ class _Command(click.Command):
 )
 @account_concurrency_option
 @max_function_memory_option
+@api_price_option
 @traffic_options
 @deployment_options
 @click.option(
@@ -281,6 +284,7 @@ def _sized(ctx: click.Context, params: dict[str, Any]) -> None:
     from moeless.simulation.inputs import deployment_for, replay_for, shape_and_routing
     from moeless.simulation.policies import simulate_policy
     from moeless.simulation.report import ms
+    from moeless.simulation.study import api_line
     from moeless.sizing import DEFAULT_SEARCH, Slo, SloUnreachable, load_search, size_for_slo
     from moeless.sizing.report import alternative_lines, left_out_lines, stall_lines, tier_line, warmth
 
@@ -355,7 +359,9 @@ def _sized(ctx: click.Context, params: dict[str, Any]) -> None:
             f"{chosen.provisioned} provisioned environments, {chosen.keep_warm} kept warm by pings "
             f"({warmth(chosen, own.premium_paid, search.every_level_premium)})"
         )
-    for line in stall_lines(own) + alternative_lines(own) + left_out_lines(own):
+    price = api_price(params["api_price_text"], shape.name)
+    reference = [f"  {api_line(price, replay).removeprefix('- ')}"] if price else []
+    for line in stall_lines(own) + alternative_lines(own) + reference + left_out_lines(own):
         click.echo(line)
     click.echo(
         f"  simulated after a quiet (nothing warm but what the plan keeps warm): "

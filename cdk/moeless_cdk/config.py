@@ -90,8 +90,8 @@ class DeployConfig:
         if self.backbone_instance_type and sized and self.backbone_instance_type != sized:
             raise DeployConfigError(
                 f"the plan was sized for a {sized} backbone, moeless:backboneInstanceType says "
-                f"{self.backbone_instance_type}: plan again for it (moeless plan --backbone-instance), or "
-                "drop the key"
+                f"{self.backbone_instance_type}: plan again on an instance catalogue that offers "
+                "only it (moeless plan --instances FILE), or drop the key"
             )
 
     @property

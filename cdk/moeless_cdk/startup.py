@@ -18,7 +18,8 @@ from dataclasses import dataclass
 
 from aws_cdk import Duration
 
-from moeless_cdk.config import DeployConfig
+from moeless.planning.instances import CATALOGUE
+from moeless_cdk.config import DeployConfig, DeployConfigError
 
 CACHE_VOLUME = "moeless-cache"
 GIB = 2**30
@@ -56,6 +57,8 @@ class Startup:
 
     @classmethod
     def of(cls, config: DeployConfig) -> Startup:
+        """The start of ``config``'s backbone task; refused where the instance's RAM cannot hold
+        what the task keeps in memory (its host-tier experts among it)."""
         manifest, plan = config.manifest, config.plan
         backbone = sum(f.bytes for f in manifest.backbone_files())
         in_process = sum(manifest.expert(*pair).bytes for pair in plan.in_process())
@@ -63,7 +66,17 @@ class Startup:
         cache = min(fallback_candidates, int(config.fallback_cache_gib * GIB))
         fetched = backbone + in_process
         expected = BOOT_S + fetched / S3_FETCH_BYTES_PER_S + backbone / LOAD_BYTES_PER_S
-        return cls(fetched, cache, expected, host_path=f"/var/lib/moeless/{config.stage}")
+        startup = cls(fetched, cache, expected, host_path=f"/var/lib/moeless/{config.stage}")
+        instance = CATALOGUE.get(config.instance_type)
+        needed = startup.memory_reservation_mib * 2**20
+        if instance is not None and needed > instance.host_memory_bytes:
+            raise DeployConfigError(
+                f"a backbone task keeps {needed / GIB:,.0f} GiB in memory (the backbone, the plan's "
+                f"{len(plan.in_process())} in-process experts, the fallback cache), more than a "
+                f"{instance.name}'s {instance.host_memory_gb:g} GiB: plan for a bigger instance, or "
+                "a smaller moeless:fallbackCacheGiB"
+            )
+        return startup
 
     @property
     def volume_gib(self) -> int:

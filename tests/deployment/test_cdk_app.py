@@ -701,3 +701,17 @@ def test_plan_prefix_keeps_names_valid_and_distinct(tiny):
 
     with pytest.raises(PlanError, match="not a valid Lambda name"):
         replace(plan).prefixed("x" * 60)
+
+
+def test_a_backbone_whose_ram_cannot_hold_its_host_experts_is_refused(tmp_path):
+    """Mixtral-8x7B's shape, every expert on the host (705 MB each in fp32, 180 GB): a g6e.8xlarge
+    (256 GiB) holds them, a g6e.2xlarge (64 GiB) does not."""
+    manifest = synthetic_manifest(32, 8, 4096, 14336)
+    plan = one_function_per_expert(manifest)
+    for placement in plan.experts:
+        placement.placement, placement.function = "host", None
+    plan.functions = []
+    roomy = DeployConfig(tmp_path, manifest, replace(plan, backbone=Backbone("g6e.8xlarge")))
+    assert Startup.of(roomy).memory_reservation_mib * 2**20 > 32 * 8 * 705e6
+    with pytest.raises(DeployConfigError, match="more than a g6e.2xlarge's 64 GiB: plan for a bigger"):
+        Startup.of(DeployConfig(tmp_path, manifest, replace(plan, backbone=Backbone("g6e.2xlarge"))))

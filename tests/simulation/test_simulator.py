@@ -361,21 +361,48 @@ def test_simulate_command_writes_the_report_with_the_contract_columns(tmp_path):
     result = CliRunner().invoke(
         cli,
         ["simulate", "--loads", str(loads), "--arrivals", str(arrivals), "--rate", "2", "--duration", "30",
-         "--policies", "static,moeless,oracle", "--no-plots", "-o", str(out)],
+         "--policies", "static,hybrid,moeless,oracle", "--no-plots", "-o", str(out)],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
     rows = list(csv.DictReader((out / "results.csv").open()))
-    assert [r["policy"] for r in rows] == ["static", "moeless", "oracle"]
+    assert [r["policy"] for r in rows] == ["static", "hybrid", "moeless", "oracle"]
+    hybrid = rows[1]  # one node, every expert in its RAM: no invoke, its GPU billed
+    assert hybrid["invokes"] == "0" and float(hybrid["usd_per_1k_gpu"]) > 0 and hybrid["backbone"]
     assert set(COLUMNS) <= set(rows[0])
     assert all(r["layers_simulated"] == "32" and r["requests"] == "4" for r in rows)
     assert rows[0]["fleet"] and not rows[0]["backbone"] and rows[1]["backbone"]
     report = (out / "report.md").read_text()
     assert "unrecorded layers copy the nearest recorded one" in report and "timestamps scaled" in report
+    # Mixtral-8x7B's dated Bedrock price as the reference line, unless one is given or refused
+    assert "reference: a hosted API at $0.45 / $0.7 per million" in report and "Bedrock" in report
     for row in rows:  # the total is the sum of its parts, whatever their names
         parts = [float(row[c]) for c in COMPONENT_COLUMNS.values()]
         assert float(row["usd_per_1k_requests"]) == pytest.approx(sum(parts)) and math.isfinite(sum(parts))
     static_gpu = float(rows[0]["usd_per_1k_gpu"])
     assert static_gpu > 0 and float(rows[0]["usd_per_1k_requests"]) == pytest.approx(static_gpu)
+
+
+def test_simulate_takes_a_users_api_price_and_refuses_a_bad_one(tmp_path):
+    import json
+
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    loads = tmp_path / "loads.json"
+    layers = [{"layer": layer, "counts": counts} for layer, counts in SHARES.items()]
+    loads.write_text(json.dumps({"model": "mistralai/Mixtral-8x7B-v0.1", "top_k": 2, "num_model_layers": 32,
+                                 "layers": layers}))  # fmt: skip
+    args = ["simulate", "--loads", str(loads), "--arrival", "poisson:1", "--duration", "5",
+            "--policies", "static", "--no-plots", "-o", str(tmp_path / "sim")]  # fmt: skip
+    given = CliRunner().invoke(cli, [*args, "--api-price", "1,2"])
+    assert given.exit_code == 0, given.output
+    # 1 $/M in and 2 $/M out, over the requests' own token counts
+    assert "a hosted API at $1 / $2 per million input / output tokens" in given.output
+    bad = CliRunner().invoke(cli, [*args, "--api-price", "cheap"])
+    assert bad.exit_code == 2 and "is not an API price" in bad.output
+    none = CliRunner().invoke(cli, [*args, "--api-price", "none"])
+    assert none.exit_code == 0 and "a hosted API" not in none.output
 
 
 def test_simulate_refuses_an_unknown_model_and_a_mismatched_one(tmp_path):
