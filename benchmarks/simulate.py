@@ -41,7 +41,7 @@ MODELS = {
     "deepseek-v3": (ROUTING / "olmoe_c4.json", True),
 }
 RATES = (0.01, 0.1, 1.0, 10.0)
-POLICIES = ("static", "moeless", "remoe", "oracle")
+POLICIES = ("static", "hybrid", "moeless", "remoe", "oracle")
 
 
 def duration_for(rate: float, quick: bool) -> float:
