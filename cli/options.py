@@ -146,8 +146,7 @@ api_price_option = click.option(
     "--api-price",
     "api_price_text",
     metavar="IN,OUT",
-    help="A hosted API's USD per million input,output tokens for the report's reference line; "
-    "`none` for no line [a preset's dated public price, else none].",
+    help="Hosted API $/M in,out [preset's; none: off].",
 )
 
 

@@ -4,7 +4,7 @@ their families of warmth, the simulator judging them, the choice, and what the p
 
 from moeless.sizing.choice import Sizing, SloUnreachable, choose
 from moeless.sizing.family import FrontierPoint
-from moeless.sizing.optimiser import size_for_slo
+from moeless.sizing.optimiser import size_for_slo, size_for_slos
 from moeless.sizing.settings import DEFAULT_SEARCH, SearchSpace, load_search
 from moeless.sizing.slo import Slo
 from moeless.sizing.tiers import lambda_floor_ms
@@ -20,4 +20,5 @@ __all__ = [
     "lambda_floor_ms",
     "load_search",
     "size_for_slo",
+    "size_for_slos",
 ]

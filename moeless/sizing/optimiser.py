@@ -16,6 +16,7 @@ the SLO. Neither changes a choice (docs/planner.md, "Judged in order of a bound"
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -64,6 +65,36 @@ def size_for_slo(
         PlanDoesNotFit: no candidate fits the account's quotas; names the smallest increase.
         SimulationError: the policy cannot plan this deployment, or the traffic judges nothing.
     """
+    (sizing,) = size_for_slos(
+        policy, deployment, routing, replay, duration_s, [slo], search, prewarm=prewarm, seed=seed,
+        progress=progress,
+    )  # fmt: skip
+    if sizing.chosen is None:
+        raise SloUnreachable(sizing)
+    return sizing
+
+
+def size_for_slos(
+    policy: str,
+    deployment: Deployment,
+    routing: StepRouting,
+    replay: list[Request],
+    duration_s: float,
+    slos: Sequence[Slo],
+    search: SearchSpace = DEFAULT_SEARCH,
+    *,
+    prewarm: dict[str, PrewarmModel] | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> list[Sizing]:
+    """:func:`size_for_slo` for each of ``slos`` on the same traffic, the structures probed once
+    (the probes do not depend on the SLO; each SLO's candidates are judged against it); a sizing
+    whose SLO no plan meets has no ``chosen``.
+
+    Raises:
+        PlanDoesNotFit: no candidate fits the account's quotas; names the smallest increase.
+        SimulationError: the policy cannot plan this deployment, or the traffic judges nothing.
+    """
     if policy not in SIZED_POLICIES:
         raise SimulationError(f"the replica optimiser sizes moeless or remoe plans, not {policy!r}")
     check_judgeable(replay, duration_s)
@@ -72,20 +103,27 @@ def size_for_slo(
     if not shapes:
         refuse_none_fits(policy, left_out)
     traffic = Traffic(policy, routing, replay, duration_s, search, prewarm, seed)
+    sizings = []
     with runner(traffic, search.processes) as run:
         candidates, probes = _probe(shapes, run, search, progress)
         invokes = {shape.key: layer_invokes(shape.plan) for shape in shapes}  # warmth leaves them be
         candidates, too_warm = fitting(candidates, _plan, search.quotas, lambda c: invokes[c.structure.key])
-        points, simulated, skipped = _judge(candidates, probes, run, slo, search, progress)
-        counts = (simulated, skipped, (*left_out, *too_warm))
-        sizing = _answer(policy, slo, points, floor_ms(deployment, search), search, *counts)
-        if sizing.chosen is None:
-            raise SloUnreachable(sizing)
-        chosen = sizing.chosen
-        if chosen.stall_tpot_ms is None:  # probed anyway, for what the plan says of it
-            (stall,) = run.run([Job("stall", chosen.structure.variant, chosen.structure.plan)])
-            assert isinstance(stall, float)
-            chosen = replace(chosen, structure=replace(chosen.structure, stall_tpot_ms=stall))
+        for slo in slos:
+            points, simulated, skipped = _judge(candidates, probes, run, slo, search, progress)
+            counts = (simulated, skipped, (*left_out, *too_warm))
+            sizing = _answer(policy, slo, points, floor_ms(deployment, search), search, *counts)
+            sizings.append(_with_chosen_plan(sizing, run) if sizing.chosen is not None else sizing)
+    return sizings
+
+
+def _with_chosen_plan(sizing: Sizing, run: Runner) -> Sizing:
+    """``sizing`` with its chosen plan annotated (stall-probed first where the search did not)."""
+    chosen = sizing.chosen
+    assert chosen is not None
+    if chosen.stall_tpot_ms is None:  # probed anyway, for what the plan says of it
+        (stall,) = run.run([Job("stall", chosen.structure.variant, chosen.structure.plan)])
+        assert isinstance(stall, float)
+        chosen = replace(chosen, structure=replace(chosen.structure, stall_tpot_ms=stall))
     annotated = replace(chosen, plan=_annotated(chosen, sizing))
     judged = tuple(annotated if p is sizing.chosen else p for p in sizing.points)
     return replace(sizing, chosen=annotated, points=judged)

@@ -59,10 +59,6 @@ class Tier:
     resident: dict[tuple[int, int], Placement]
     offload_rows: int | None = None
 
-    @property
-    def all_resident(self) -> bool:
-        return self.label in (HYBRID, FLEET)
-
     def apply(self, plan: Plan) -> Plan:
         """``plan`` (every expert on functions) with this tier's residents on the backbone: their
         functions dropped, or kept where they offload."""
@@ -94,9 +90,9 @@ def tiers(
     span_s: float,
     alternatives: bool = True,
 ) -> Iterator[Tier]:
-    """Every tier the search holds on ``deployment``: Lambda alone, each host share (each also
-    offloading where ``offload_rows`` says), and with ``alternatives`` the hybrid node and the fleet;
-    a tier no single instance holds is left out."""
+    """Every tier the search holds on ``deployment``: Lambda alone, each host share (1.0: the hybrid
+    node; each also offloading where ``offload_rows`` says), and with ``alternatives`` the fleet; a
+    tier no single instance holds is left out."""
     yield _scaled(Tier(LAMBDA, deployment, {}), loads, replay, span_s)
     for share in sorted(set(host_shares)):
         faster = 0.0
