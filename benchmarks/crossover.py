@@ -281,7 +281,11 @@ def plot(cases: list[dict[str, Any]], model: str, label: str = "3x") -> Path:
             ]
             if points:
                 axes.plot(
-                    *zip(*points, strict=True), style, marker="o", label=f"{option} (planned on {plan_on})"
+                    *zip(*points, strict=True),
+                    style,
+                    marker="o",
+                    color=f"C{OPTIONS.index(option)}",
+                    label=f"{option} (planned on {plan_on})",
                 )
     axes.set_xscale("log")
     axes.set_yscale("log")

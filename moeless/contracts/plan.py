@@ -13,9 +13,10 @@ Schema (version 2, see docs/design.md)::
 
 Three tiers: ``gpu`` (resident in the backbone's GPU memory, run there), ``host`` (in the backbone
 host's RAM, run by onnxruntime on its vCPUs) and ``function`` (Lambda). A ``gpu`` or ``host`` expert
-that functions also host and that has ``offload_rows`` runs in two tiers by phase: a layer's rows
-for it go to its functions when there are at least that many (a prefill chunk), else stay on the
-backbone (decode rows). ``backbone`` names the instance the plan was sized for and how many of it.
+that functions also host and that has ``offload_rows`` runs in two tiers by phase: in a layer of at
+least that many rows (the step's tokens: a prefill chunk's step) its rows go to its functions, in
+a smaller one (a decode batch's) it stays on the backbone. ``backbone`` names the instance the plan
+was sized for and how many of it.
 
 Version 1 plans are read: their ``backbone`` placement was an expert the backbone service ran
 in-process on its CPU, i.e. ``host``. The planner writes it; the local host, the backbone service
@@ -77,7 +78,8 @@ class ExpertPlacement:
     function: str | None = None
     memory_mb: int = DEFAULT_MEMORY_MB
     provisioned_concurrency: int = 0
-    # a resident expert's rows go to its functions from this many rows in a layer (None: never)
+    # a resident expert's rows go to its functions in a layer of this many rows (tokens) or more
+    # (None: never)
     offload_rows: int | None = None
 
     @property

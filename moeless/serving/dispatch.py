@@ -112,6 +112,7 @@ class LambdaDispatcher:
             device=device,
         )
         self.offloads = plan.offloads()
+        self.top_k = max(1, manifest.top_k)
         self.max_rows = max_tokens_per_request(manifest.hidden_size)
         self._in_flight: dict[str, int] = {}
         self.observed: RollingLoads | None = None  # set to record the tokens each expert receives
@@ -139,11 +140,14 @@ class LambdaDispatcher:
         parts: dict[int, list[tuple[int, int, int]]] = {e: [] for e in inputs}
         jobs: list[tuple[Callable[..., list[np.ndarray]], tuple[Any, ...]]] = []
         slices: dict[str, list[Slice]] = {}  # function -> the expert slices it gets this layer
+        # the layer's rows (the step's tokens: each picks top_k experts): a prefill chunk's step
+        # sends the offloading resident experts' rows to their functions, a decode batch's does not
+        layer_rows = sum(len(rows) for rows in inputs.values()) // self.top_k if self.offloads else 0
         for expert, rows in inputs.items():
             names = self.replicas.get((layer, expert), [])
             offload = self.offloads.get((layer, expert))
-            if offload is not None:  # resident, and on its functions from this many rows (a prefill)
-                names = names if len(rows) >= offload else []
+            if offload is not None:
+                names = names if layer_rows >= offload else []
                 if names:
                     self.stats.inc("offloads")
             if not names:  # in process (Plan.in_process): on the backbone, or hosted by no function

@@ -25,7 +25,8 @@ its experts:
 * the backbone's **GPU** (``gpu`` tier): the roofline of the experts it touched, at HBM speed;
 * the backbone's **host** (``host`` tier): its vCPUs and RAM, each distinct expert read once, no
   invoke (:class:`~moeless.simulation.host.HostModel`); a resident expert with ``offload_rows``
-  sends a layer's rows to its functions from that many rows on (a prefill chunk);
+  goes to its functions in a layer of at least that many rows (the step's tokens: a prefill
+  chunk's step, not a decode batch's);
 * **serverful** (``static``): the whole model on a GPU fleet; the layer's experts cost the
   roofline of the experts the step touched, no invokes.
 
@@ -811,7 +812,7 @@ class Simulator:
         else:
             if self.prewarm is not None and self.prewarm.lead == "layer" and index + 1 < len(self.layers):
                 self._prewarm(now, index + 1, step.counts[index + 1], result, usd)
-            moe_ms = self._serverless_layer(now, layer, row, needed, result, usd)
+            moe_ms = self._serverless_layer(now, layer, row, needed, result, usd, step.tokens)
         result.layer_latency_ms.append(moe_ms)
         return step.dense_ms_per_layer + moe_ms
 
@@ -831,6 +832,7 @@ class Simulator:
         needed: np.ndarray,
         result: PolicyResult,
         usd: dict[str, float],
+        layer_rows: int = 0,
     ) -> float:
         slowest = 0.0
         gpu, gpu_selections, host, host_selections = 0, 0, 0, 0
@@ -847,7 +849,7 @@ class Simulator:
             names = routes[expert]
             if names is None:  # resident on the backbone, unless this many rows go to its functions
                 offload = offloads.get((layer, expert)) if offloads else None
-                if offload is not None and tokens >= offload[0]:
+                if offload is not None and layer_rows >= offload[0]:
                     routed.append((expert, tokens, offload[1]))
                 elif expert in on_gpu:
                     gpu += 1

@@ -4,7 +4,7 @@ stall probe says of the chosen structure, and what the account's quotas left out
 from __future__ import annotations
 
 from moeless.planning.quotas import MEMORY_QUOTA
-from moeless.sizing.choice import Sizing
+from moeless.sizing.choice import Sizing, choose
 from moeless.sizing.family import FrontierPoint
 
 
@@ -72,16 +72,16 @@ def left_out_lines(sizing: Sizing) -> list[str]:
 
 
 def cheapest_by_tier(sizing: Sizing) -> dict[str, FrontierPoint | None]:
-    """Each tier judged (``lambda``, ``host N%``, ``hybrid``, ``fleet``): its cheapest point that
-    meets the SLO on the planning traffic (``None``: none of its points does)."""
-    tiers: dict[str, FrontierPoint | None] = {}
+    """Each tier judged (``lambda``, ``host N%``, ``hybrid``, ``fleet``): what the optimiser would
+    choose were it that tier alone (its cheapest point that meets the SLO on the planning traffic,
+    within the stall bound where the sizing has it; ``None``: none of its points does)."""
+    by_tier: dict[str, list[FrontierPoint]] = {}
     for point in sizing.points:
-        best = tiers.get(point.structure.tier)
-        if sizing.slo.met(point.summary) and (best is None or point.usd_per_1k < best.usd_per_1k):
-            tiers[point.structure.tier] = point
-        else:
-            tiers.setdefault(point.structure.tier, None)
-    return tiers
+        by_tier.setdefault(point.structure.tier, []).append(point)
+    return {
+        tier: choose(points, sizing.slo, sizing.every_level_premium, bounded=sizing.stall_bound)
+        for tier, points in by_tier.items()
+    }
 
 
 def alternative_lines(sizing: Sizing) -> list[str]:

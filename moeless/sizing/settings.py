@@ -49,8 +49,9 @@ class SearchSpace:
       host_shares: besides Lambda alone, plans whose backbone holds the experts that take this
         share of each layer's tokens (1.0: all of them, the hybrid node), on the instance that
         holds them.
-      offload_rows: such plans also with their host experts deployed as functions, a layer's rows
-        for one going there from this many rows on (a prefill's), decode rows staying on the host.
+      offload_rows: such plans also with their host experts deployed as functions, their rows going
+        there in a layer of this many rows (tokens) or more (a prefill chunk's step), a decode
+        batch's staying on the host.
       alternatives: also the fleet that holds the model, as a candidate like any other.
     Warmth and insurance:
       keep_warm: keep environments warm by pings as well as by provisioned concurrency.

@@ -126,3 +126,18 @@ def test_a_tier_keeps_its_offloading_experts_functions():
     assert by_expert[2].placement == "function"
     assert placed.offloads() == {(0, 1): 32}
     assert {pair for f in placed.functions for pair in f.experts} == {(0, 1), (0, 2), (0, 3)}
+
+
+def test_several_slos_on_one_traffic_choose_as_one_sizing_each():
+    from moeless.sizing import size_for_slos
+
+    deployment = Deployment.choose(shape(64, 4096, 14336))
+    replay = [Request(200.0 * n, 4, 8, n) for n in range(3)]
+    slos = [Slo(1e6), Slo(1e-3)]  # loose: the cheapest; a microsecond: nothing meets it
+    loose, impossible = size_for_slos(
+        "moeless", deployment, routing(64, skew=False), replay, 600.0, slos, SEARCH
+    )
+    alone = size_for_slo("moeless", deployment, routing(64, skew=False), replay, 600.0, slos[0], SEARCH)
+    assert loose.chosen is not None and loose.chosen.usd_per_1k == pytest.approx(alone.chosen.usd_per_1k)
+    assert loose.chosen.structure.key == alone.chosen.structure.key
+    assert impossible.chosen is None and impossible.points  # every point judged, none meets it
