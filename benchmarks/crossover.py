@@ -327,8 +327,14 @@ def main() -> None:
                     path.write_text(json.dumps(case, indent=1, default=_json))
     cases = [json.loads(p.read_text()) for p in sorted(args.out.glob("*.json"))]
     cases = [c for c in cases if c["model"] in models]
-    command = "PYTHONHASHSEED=0 .venv/bin/python benchmarks/crossover.py " + " ".join(
-        f"--{k} {v}" for k, v in (("models", args.models), ("rates", args.rates)) if v
+    run = sorted({(c["model"], c["rate"]) for c in cases})
+    command = (
+        "PYTHONHASHSEED=0 .venv/bin/python benchmarks/crossover.py --models M --rates R`, for "
+        + ", ".join(
+            f"{model} at {', '.join(f'{r:g}' for m, r in run if m == model)}"
+            for model in dict.fromkeys(m for m, _ in run)
+        )
+        + " (both directions), then `... --report"
     )
     RESULTS.mkdir(parents=True, exist_ok=True)
     for model in dict.fromkeys(c["model"] for c in cases):
