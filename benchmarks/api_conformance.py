@@ -12,7 +12,7 @@ schemathesis are not project dependencies: they run from the venv ``--tools`` na
 as this file in a child process (``--clients URL MODEL``, which imports nothing of the project),
 schemathesis as its CLI on ``/openapi.json`` with every check. Each client call is a check: it
 passes when the call succeeds and its answer reads as that client documents it.
-Writes benchmarks/results/api_conformance.md: the command, commit, date, versions and findings.
+Writes benchmarks/results/api_conformance.md: the command, commit, date, machine, versions and findings.
 """
 
 from __future__ import annotations
@@ -20,19 +20,16 @@ from __future__ import annotations
 import argparse
 import base64
 import json
-import platform
 import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 WORKDIR = REPO / ".moeless" / "bench" / "api-conformance"
-RESULT = REPO / "benchmarks" / "results" / "api_conformance.md"
 MAX_TOKENS_LIMIT = 32
 CHAT = [{"role": "user", "content": "Name a prime number."}]
 
@@ -237,23 +234,17 @@ def _exchange(interaction: dict[str, Any]) -> str:
     return f"`{text(request.get('body'))}` -> {response.get('status_code')} `{text(response.get('content'))}`"
 
 
-def commit() -> str:
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
-    dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=REPO).stdout
-    return head.stdout.strip() + (" (uncommitted changes included)" if dirty.strip() else "")
+def write_report(argv: list[str], tools: Path, clients: list[dict[str, str]], fuzz: dict[str, Any]) -> None:
+    """benchmarks/results/api_conformance.md (``common.write_result``), printed too."""
+    from common import write_result
 
-
-def write_report(argv: list[str], tools: Path, clients: list[dict[str, str]], fuzz: dict[str, Any]) -> str:
     summary = fuzz["summary"]
     passed = sum(r["ok"] == "yes" for r in clients)
     tool_versions = ", ".join(
         f"{name} {version}" for name, version in versions(tools / "bin" / "python").items()
     )
     lines = [
-        "# api_conformance: the REST endpoint against openai, litellm and schemathesis",
-        "",
-        f"`.venv/bin/python benchmarks/api_conformance.py {' '.join(argv)}`; commit {commit()}, "
-        f"{datetime.now(UTC):%Y-%m-%d}, {platform.machine()}; {tool_versions} (from `{tools}`).",
+        f"{tool_versions} (from `{tools}`).",
         "",
         f"The tiny demo Mixtral served on 127.0.0.1 with its experts on the local Lambda host, "
         f"`max_tokens` limit {MAX_TOKENS_LIMIT}.",
@@ -287,10 +278,9 @@ def write_report(argv: list[str], tools: Path, clients: list[dict[str, str]], fu
         "```",
         *fuzz["output"].strip().splitlines()[-12:],
         "```",
-        "",
     ]
-    RESULT.write_text("\n".join(lines))
-    return "\n".join(lines)
+    print("\n".join(lines))
+    write_result("api_conformance", "the REST endpoint against openai, litellm and schemathesis", lines, argv)
 
 
 def main(argv: list[str]) -> int:
@@ -342,7 +332,7 @@ def main(argv: list[str]) -> int:
         fuzz = run_schemathesis(
             args.tools, server.url, args.max_examples, args.seed, Path(scratch) / "events.ndjson"
         )
-    print(write_report(argv, args.tools, clients, fuzz))
+    write_report(argv, args.tools, clients, fuzz)
     return 0 if all(r["ok"] == "yes" for r in clients) and not fuzz["summary"]["failures"] else 1
 
 

@@ -3,7 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import platform
+import shlex
+import subprocess
 import sys
+from collections.abc import Iterable, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -15,6 +21,67 @@ if TYPE_CHECKING:
 REPO = Path(__file__).resolve().parent.parent
 SHARED = REPO.parent / "shared" / "data"
 GPTOSS_ROUTING = SHARED / "routing" / "gptoss20b_decode.npz"
+RESULTS = REPO / "benchmarks" / "results"
+
+
+def commit() -> str:
+    """The checkout's short commit, saying so when uncommitted changes were measured with it."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, cwd=REPO).stdout
+    return head.stdout.strip() + (" (uncommitted changes included)" if dirty.strip() else "")
+
+
+def machine() -> str:
+    """What the figures were measured on: the CPU's model name where Linux says it, and its cores."""
+    cpuinfo = Path("/proc/cpuinfo")
+    names = [
+        line.split(":", 1)[1].strip()
+        for line in (cpuinfo.read_text().splitlines() if cpuinfo.is_file() else [])
+        if line.startswith("model name")
+    ]
+    cpu = names[0] if names else platform.processor() or platform.machine()
+    return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}"
+
+
+def write_result(name: str, title: str, body: Sequence[str], argv: Sequence[str] | None = None) -> Path:
+    """Write ``benchmarks/results/NAME.md``: the title, the command that reproduces it (this
+    script with ``argv``, default the process's own arguments), the commit, the date and the
+    machine, then ``body`` (Markdown lines: tables, findings). Returns the file's path. Every
+    benchmark writes its figures this way, so the README and docs link to a file that says how it
+    was made, and a re-run replaces it rather than adding to a log."""
+    script = Path(sys.argv[0]).resolve()
+    args = list(sys.argv[1:] if argv is None else argv)
+    command = shlex.join([".venv/bin/python", f"benchmarks/{script.name}", *args])
+    header = [
+        f"# {name}: {title}",
+        "",
+        f"Command: `{command}`  ",
+        f"Commit: {commit()}; date: {datetime.now(UTC):%Y-%m-%d}; machine: {machine()}.",
+        "",
+    ]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"{name}.md"
+    out.write_text("\n".join([*header, *body]).rstrip() + "\n")
+    print(f"wrote {out.relative_to(REPO)}")
+    return out
+
+
+def md_row(cells: Iterable[object]) -> str:
+    """One Markdown table row; a benchmark prints its rows as it measures them and writes the same
+    lines to its result file, so what the terminal shows and what the file keeps cannot differ."""
+    return "| " + " | ".join(str(cell) for cell in cells) + " |"
+
+
+def md_header(columns: Sequence[str], align: str = "") -> list[str]:
+    """A Markdown table's header and rule; ``align`` has an ``l`` or ``r`` per column (default: the
+    first left, the rest right, as figures read best)."""
+    align = align or "l" + "r" * (len(columns) - 1)
+    return [md_row(columns), "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
+
+
+def md_table(columns: Sequence[str], rows: Iterable[Iterable[object]], align: str = "") -> list[str]:
+    """A whole Markdown table (:func:`md_header` and a :func:`md_row` per row)."""
+    return [*md_header(columns, align), *(md_row(row) for row in rows)]
 
 
 def load_prompts(count: int) -> list[str]:

@@ -37,25 +37,20 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
-import platform
-import subprocess
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-DATA = REPO.parent / "shared" / "data"
-RESULTS = REPO / "benchmarks" / "results"
+from common import REPO, RESULTS, SHARED, commit, write_result
+
 ARRIVALS = {
-    "code": DATA / "arrivals" / "azure2023_code.csv",
-    "conv": DATA / "arrivals" / "azure2023_conv.csv",
+    "code": SHARED / "arrivals" / "azure2023_code.csv",
+    "conv": SHARED / "arrivals" / "azure2023_conv.csv",
 }
 MODELS = {
-    "mixtral-8x7b": DATA / "routing" / "mistral_c4.json",
-    "gpt-oss-120b": DATA / "routing" / "gptoss20b_decode.loads.json",
-    "deepseek-v3": DATA / "routing" / "olmoe_c4.json",
+    "mixtral-8x7b": SHARED / "routing" / "mistral_c4.json",
+    "gpt-oss-120b": SHARED / "routing" / "gptoss20b_decode.loads.json",
+    "deepseek-v3": SHARED / "routing" / "olmoe_c4.json",
 }
 RATES = (0.002, 0.01, 0.05, 0.2, 1.0)
 SLOS = {"0.5x": 0.5, "1.5x": 1.5, "3x": 3.0}  # x the Lambda floor
@@ -188,19 +183,24 @@ def verdict(entry: dict[str, Any]) -> tuple[str, float | None, float | None]:
     return winner, meeting[winner], ratio
 
 
-def report(cases: list[dict[str, Any]], command: str) -> str:
-    commit = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
+def report(cases: list[dict[str, Any]]) -> list[str]:
+    """The result file's body: how the cases were measured, a table and a plot per model, and
+    where functions pay."""
+    run = sorted({(c["model"], c["rate"]) for c in cases})
+    measured = ", ".join(
+        f"{model} at {', '.join(f'{r:g}' for m, r in run if m == model)}"
+        for model in dict.fromkeys(m for m, _ in run)
+    )
+    recorded = sorted({c["commit"] for c in cases if "commit" in c})
+    commits = ", ".join(recorded) if recorded else "unrecorded"
+    commits += " (some cases unrecorded)" if recorded and any("commit" not in c for c in cases) else ""
     lines = [
-        "# crossover: where serverless experts pay",
-        "",
-        f"`{command}`; commit {commit} (uncommitted changes included), {datetime.now(UTC):%Y-%m-%d}, "
-        f"{platform.machine()} with {os.cpu_count()} cores. Setting: the module docstring "
-        f"(int8 experts, prefill chunk {PREFILL_CHUNK}, batch 16; SLOs on p99 TPOT as multiples of the "
-        "Lambda floor). $ per 1k requests on the held-out trace; `(misses)`: misses the SLO there; "
-        "ratio: the chosen plan's cost over the cheapest of fleet, hybrid and Lambda alone that meets "
-        "the SLO held out (goal: at most 1.1).",
+        f"Cases measured by `PYTHONHASHSEED=0 .venv/bin/python benchmarks/crossover.py --models M --rates R` "
+        f"for {measured} (both directions), at commit {commits}; the tables read their case files. Setting: "
+        f"the module docstring (int8 experts, prefill chunk {PREFILL_CHUNK}, batch 16; SLOs on p99 TPOT as "
+        "multiples of the Lambda floor). $ per 1k requests on the held-out trace; `(misses)`: misses the "
+        "SLO there; ratio: the chosen plan's cost over the cheapest of fleet, hybrid and Lambda alone that "
+        "meets the SLO held out (goal: at most 1.1).",
         "",
     ]
     for model in dict.fromkeys(c["model"] for c in cases):
@@ -230,8 +230,8 @@ def report(cases: list[dict[str, Any]], command: str) -> str:
         lines.append("")
         lines.append(f"![{model}](crossover-{model}.png)")
         lines.append("")
-    lines += ["## Where functions pay", "", *_where_functions_pay(cases), ""]
-    return "\n".join(lines)
+    lines += ["## Where functions pay", "", *_where_functions_pay(cases)]
+    return lines
 
 
 def _cell(got: dict[str, Any] | None) -> str:
@@ -324,24 +324,16 @@ def main() -> None:
                     started = time.perf_counter()
                     case = one_case(model, rate, plan_on, judge_on)
                     case["seconds"] = time.perf_counter() - started
+                    case["commit"] = commit()
                     path.write_text(json.dumps(case, indent=1, default=_json))
     cases = [json.loads(p.read_text()) for p in sorted(args.out.glob("*.json"))]
     cases = [c for c in cases if c["model"] in models]
-    run = sorted({(c["model"], c["rate"]) for c in cases})
-    command = (
-        "PYTHONHASHSEED=0 .venv/bin/python benchmarks/crossover.py --models M --rates R`, for "
-        + ", ".join(
-            f"{model} at {', '.join(f'{r:g}' for m, r in run if m == model)}"
-            for model in dict.fromkeys(m for m, _ in run)
-        )
-        + " (both directions), then `... --report"
-    )
     RESULTS.mkdir(parents=True, exist_ok=True)
     for model in dict.fromkeys(c["model"] for c in cases):
         plot(cases, model)
-    text = report(cases, command)
-    (RESULTS / "crossover.md").write_text(text)
-    print(text)
+    lines = report(cases)
+    print("\n".join(lines))
+    write_result("crossover", "where serverless experts pay", lines)
 
 
 def _json(value: Any) -> Any:

@@ -7,7 +7,7 @@ Usage:
 For each expert size and token batch it prints the median latency of each backend and its
 ratio to torch eager measured in the same run (ratio < 1: faster than torch). Every backend
 gets the same threads (all cores). Then it packages a tiny Mixtral with 1024x2816 experts and
-reports the expert bytes written per second.
+reports the expert bytes written per second. Writes benchmarks/results/expert_runtime.md.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from common import md_header, md_row, write_result
 
 from moeless.experts.session import session_options
 from moeless.model.expert_weights import ExpertWeights
@@ -45,6 +46,8 @@ def median_ms(fn, min_runs: int = 5, min_seconds: float = 1.0, max_runs: int = 5
 
 
 def bench_expert(hidden: int, inter: int, batches: tuple[int, ...], threads: int) -> list[str]:
+    """Markdown rows, one per token batch: the median ms of torch eager and each onnxruntime dtype,
+    each with its ratio to torch."""
     import onnxruntime as ort
 
     torch.manual_seed(0)
@@ -59,11 +62,8 @@ def bench_expert(hidden: int, inter: int, batches: tuple[int, ...], threads: int
             model, session_options(threads), providers=["CPUExecutionProvider"]
         )
         del model
-    mb = weights.num_bytes_fp32 / 1e6
-    rows = [
-        f"\nexpert hidden {hidden} x intermediate {inter} ({mb:.0f} MB fp32), {threads} threads",
-        f"{'tokens':>6} | {'torch ms':>9} | {'ort fp32':>15} | {'ort fp16':>15} | {'ort int8':>15}",
-    ]
+    label = f"{hidden} x {inter} ({weights.num_bytes_fp32 / 1e6:.0f} MB)"
+    rows = []
     rng = np.random.default_rng(0)
     for tokens in batches:
         x = rng.standard_normal((tokens, hidden), dtype=np.float32)
@@ -73,8 +73,9 @@ def bench_expert(hidden: int, inter: int, batches: tuple[int, ...], threads: int
         cells = []
         for session in sessions.values():
             ms = median_ms(lambda s=session, x=x: s.run(["output"], {"hidden": x}))
-            cells.append(f"{ms:8.2f} ({ms / base:4.2f}x)")
-        rows.append(f"{tokens:>6} | {base:9.2f} | " + " | ".join(cells))
+            cells.append(f"{ms:.2f} ms ({ms / base:.2f}x)")
+        rows.append(md_row((label if not rows else "", tokens, f"{base:.2f} ms", *cells)))
+        print(rows[-1], flush=True)
     return rows
 
 
@@ -83,8 +84,9 @@ def bench_packaging(hidden: int, inter: int, experts: int, jobs_list: tuple[int,
     from moeless.model.tiny import TinySpec, build_tiny_model
 
     rows = [
-        f"\npackaging a 2-layer x {experts}-expert Mixtral, experts {hidden} x {inter} (fp32); "
-        "each expert: read, export, verify against torch, sha256, atomic write"
+        f"Packaging a 2-layer x {experts}-expert Mixtral, experts {hidden} x {inter} (fp32); "
+        "each expert: read, export, verify against torch, sha256, atomic write:",
+        "",
     ]
     with tempfile.TemporaryDirectory(prefix="moeless-bench-") as tmp:
         model_dir = build_tiny_model(
@@ -93,7 +95,7 @@ def bench_packaging(hidden: int, inter: int, experts: int, jobs_list: tuple[int,
         for jobs in jobs_list:
             report = package(model_dir, Path(tmp) / f"art-{jobs}", jobs=jobs, progress=False)
             rows.append(
-                f"  --jobs {jobs}: {report.expert_bytes_written / 1e6:.0f} MB of experts "
+                f"- `--jobs {jobs}`: {report.expert_bytes_written / 1e6:.0f} MB of experts "
                 f"in {report.seconds:.1f} s = {report.throughput_mb_s:.0f} MB/s"
             )
     return rows
@@ -107,15 +109,25 @@ def main() -> None:
     threads = os.cpu_count() or 1
     torch.set_num_threads(threads)
     sizes, batches = (QUICK_SIZES, QUICK_BATCHES) if args.quick else (FULL_SIZES, FULL_BATCHES)
-    print(f"torch {torch.__version__}, median latency per call; ratio = backend / torch eager (same run)")
-    for hidden, inter in sizes if args.part in ("all", "experts") else ():
-        print("\n".join(bench_expert(hidden, inter, batches, threads)), flush=True)
-    if args.part == "experts":
-        return
-    if args.quick:
-        print("\n".join(bench_packaging(128, 256, 4, (1,))))
-    else:
-        print("\n".join(bench_packaging(1024, 2816, 8, (1, 2))))
+    lines = []
+    if args.part in ("all", "experts"):
+        lines += [
+            f"torch {torch.__version__}, {threads} threads for every backend. Median latency of one routed "
+            "expert per call; in brackets the ratio to torch eager measured in the same run (below 1: "
+            "faster).",
+            "",
+            *md_header(("expert (fp32 size)", "tokens", "torch eager", "ort fp32", "ort fp16", "ort int8")),
+        ]
+        print("\n".join(lines))
+        for hidden, inter in sizes:
+            lines += bench_expert(hidden, inter, batches, threads)
+    if args.part in ("all", "packaging"):
+        packed = bench_packaging(128, 256, 4, (1,)) if args.quick else bench_packaging(1024, 2816, 8, (1, 2))
+        print("\n".join(packed))
+        lines += ["", *packed] if lines else packed
+    write_result(
+        "expert_runtime", "one routed expert, torch eager against onnxruntime; packaging MB/s", lines
+    )
 
 
 if __name__ == "__main__":

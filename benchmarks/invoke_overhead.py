@@ -17,6 +17,7 @@ Then it cold-starts the function several times and splits the cold start into pr
 (interpreter, awslambdaric, imports) and session init (manifest, checksums, onnxruntime sessions).
 
 The artifacts (a 1-layer tiny Mixtral per hidden size) are built once under .moeless/bench/.
+Writes benchmarks/results/invoke_overhead.md.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import numpy as np
+from common import md_header, md_row, write_result
 
 from moeless.contracts.manifest import load_manifest
 from moeless.contracts.payload import decode_matrix, encode_request, payload_json
@@ -160,31 +162,54 @@ def main() -> None:
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     runs = (20, 0.5, 200) if args.quick else (30, 3.0, 1000)
     colds = 3 if args.quick else 5
-    print("warm invoke: round trip through the local host vs onnxruntime in-process (ms, p50 / p99)")
-    header = (
-        f"{'hidden':>6} {'tokens':>6} | {'in-process':>15} | {'host via boto3':>15} {'overhead':>8} | "
-        f"{'host via http':>15} {'overhead':>8} | {'in function':>11}"
-    )
-    print(header)
+    lines = [
+        "Warm invoke: the round trip through the local host against onnxruntime in-process, one "
+        "onnxruntime thread on both sides; ms, p50 / p99; overhead = p50 round trip - p50 in-process; "
+        '"in function" = the p50 compute time the function reports.',
+        "",
+        *md_header(
+            (
+                "expert",
+                "tokens",
+                "in-process",
+                "via boto3",
+                "overhead",
+                "via bare HTTP",
+                "overhead",
+                "in function",
+            )
+        ),
+    ]
+    print("\n".join(lines))
     cold_rows = []
     for hidden, inter in sizes:
         rows, cold, expert_mb = bench_size(hidden, inter, BATCHES, runs, colds)
-        for hidden_, tokens, local, via_boto3, via_http, in_function in rows:
-            print(
-                f"{hidden_:>6} {tokens:>6} | {local[0]:7.2f} /{local[1]:7.2f} | "
-                f"{via_boto3[0]:7.2f} /{via_boto3[1]:7.2f} {via_boto3[0] - local[0]:8.2f} | "
-                f"{via_http[0]:7.2f} /{via_http[1]:7.2f} {via_http[0] - local[0]:8.2f} | {in_function:11.2f}"
+        for _, tokens, local, via_boto3, via_http, in_function in rows:
+            expert = f"{hidden} x {inter}" if tokens == BATCHES[0] else ""
+            boto3_cells = (f"{via_boto3[0]:.2f} / {via_boto3[1]:.2f}", f"{via_boto3[0] - local[0]:.2f}")
+            http_cells = (f"{via_http[0]:.2f} / {via_http[1]:.2f}", f"{via_http[0] - local[0]:.2f}")
+            local_cell = f"{local[0]:.2f} / {local[1]:.2f}"
+            lines.append(
+                md_row((expert, tokens, local_cell, *boto3_cells, *http_cells, f"{in_function:.2f}"))
             )
+            print(lines[-1], flush=True)
         cold_rows.append((hidden, inter, expert_mb, cold))
-    print("\ncold start (median of runs): process start = host-measured init - handler's session init")
-    print(f"{'expert':>16} {'MB':>6} | {'process start':>13} | {'session init':>12} | {'total':>8}")
+    cold_lines = [
+        "",
+        f"Cold start (median of {colds}): process start (python, awslambdaric, imports) = host-measured "
+        "init - the handler's session init (checksums, onnxruntime).",
+        "",
+        *md_header(("expert (ONNX size)", "process start ms", "session init ms", "total ms")),
+    ]
     for hidden, inter, expert_mb, cold in cold_rows:
         total = statistics.median(t for t, _ in cold)
         session_init = statistics.median(s for _, s in cold)
-        print(
-            f"{f'{hidden}x{inter}':>16} {expert_mb:6.0f} | {total - session_init:13.1f} | "
-            f"{session_init:12.1f} | {total:8.1f}"
+        expert = f"{hidden} x {inter} ({expert_mb:.0f} MB)"
+        cold_lines.append(
+            md_row((expert, f"{total - session_init:.0f}", f"{session_init:.0f}", f"{total:.0f}"))
         )
+    print("\n".join(cold_lines))
+    write_result("invoke_overhead", "an expert invoked through the local Lambda host", lines + cold_lines)
 
 
 if __name__ == "__main__":

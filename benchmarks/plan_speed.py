@@ -20,16 +20,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from common import REPO, SHARED
+from common import REPO, SHARED, md_header, md_row, write_result
 
 BASELINE = "1e57f72"  # the last commit before the sizing package (issue 37)
 GOALS_S = {"deepseek": 90.0, "gptoss": 60.0}  # issue 37: a plan in a minute (or a minute and a half)
@@ -105,23 +103,15 @@ def main() -> None:
                 subprocess.run(
                     ["git", "-C", str(REPO), "worktree", "remove", "--force", str(base_tree)], check=False
                 )
-    commit = subprocess.run(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True).stdout.strip()  # fmt: skip
     lines = [
-        "# plan_speed: how long `moeless plan --slo-tpot-ms` takes",
-        "",
-        f"`.venv/bin/python benchmarks/plan_speed.py --cases {args.cases} --baseline {args.baseline}`; "
-        f"commit {commit} (uncommitted changes included), {datetime.now(UTC):%Y-%m-%d}, "
-        f"{platform.machine()} with {os.cpu_count()} cores.",
-        "",
         "Cases (the module docstring): "
         + "; ".join(f"`{name}`: `moeless plan {' '.join(CASES[name])}`" for name in CASES).replace(
             "{shared}", "../shared/data"
         ),
         "",
-        "| case | this checkout, s | goal, s | baseline, s | speed-up | same plan | this checkout says |",
-        "|---|---:|---:|---:|---:|---|---|",
-    ]
+        *md_header(("case", "this checkout, s", "goal, s", "baseline, s", "speed-up", "same plan",
+                    "this checkout says"), "lrrrrll"),
+    ]  # fmt: skip
     for name, now, then in rows:
         base_s = f"{then['seconds']:.0f}" if then else "-"
         ratio = f"{then['seconds'] / now['seconds']:.2f}x" if then else "-"
@@ -131,14 +121,10 @@ def main() -> None:
             else ("yes" if then["figures"] == now["figures"] else f"no: {then['figures']}")
         )
         goal = f"{GOALS_S[name]:.0f} ({'met' if now['seconds'] <= GOALS_S[name] else 'not met'})"
-        lines.append(
-            f"| {name} | {now['seconds']:.0f} | {goal} | {base_s} | {ratio} | {same} | {now['said']} |"
-        )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    out = REPO / "benchmarks" / "results" / "plan_speed.md"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(text)
+        lines.append(md_row((name, f"{now['seconds']:.0f}", goal, base_s, ratio, same, now["said"])))
+    print("\n".join(lines))
+    title = "how long `moeless plan --slo-tpot-ms` takes"
+    write_result("plan_speed", title, lines, ["--cases", args.cases, "--baseline", args.baseline])
 
 
 if __name__ == "__main__":

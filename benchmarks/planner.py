@@ -13,6 +13,8 @@ Usage:
 3. Plan time for 48 layers x 128 experts, each policy (median of 5 runs).
 4. Remoe on Mixtral-8x7B's routing (c4): backbone-resident experts, MMP buffer, cost, and the
    Lagrangian duality gap, as the backbone memory budget varies.
+
+Writes benchmarks/results/planner.md.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from common import md_header, md_row, write_result
 
 from moeless.contracts.loads import Loads, load_loads
 from moeless.planning.cost_model import CostModel
@@ -42,9 +45,21 @@ def families() -> dict[str, list[Loads]]:
     return groups
 
 
-def balance_table() -> None:
-    print("1. balancedness (mean/max worker load), mean over layers and datasets")
-    print(f"{'model':<30} {'W':>2} {'S':>4} | {'static':>7} {'EPLB':>7} {'moeless':>8} | {'vs EPLB':>8}")
+def shown(lines: list[str]) -> list[str]:
+    """``lines``, printed as they are: each table goes to the terminal when it is done."""
+    print("\n".join(lines), flush=True)
+    return lines
+
+
+def balance_table() -> list[str]:
+    lines = [
+        "## 1. Balancedness",
+        "",
+        "Mean / max per-worker load, mean over the layers and datasets of each model; slot budget S "
+        "rounded up to a multiple of W.",
+        "",
+        *md_header(("model", "W", "S", "static", "DeepSeek EPLB", "moeless", "moeless - EPLB")),
+    ]
     for model, datasets in families().items():
         experts = datasets[0].num_experts
         for workers in (4, 8):
@@ -63,13 +78,14 @@ def balance_table() -> None:
                         placed = place(load, counts, workers, slots // workers)
                         rows["moeless"].append(balancedness(worker_loads(load, counts, placed, workers)))
                 mean = {k: float(np.mean(v)) for k, v in rows.items()}
-                print(
-                    f"{model:<30} {workers:>2} {slots:>4} | {mean['static']:7.4f} {mean['eplb']:7.4f} "
-                    f"{mean['moeless']:8.4f} | {mean['moeless'] - mean['eplb']:+8.4f}"
+                figures = (f"{mean[k]:.4f}" for k in ("static", "eplb", "moeless"))
+                lines.append(
+                    md_row((model, workers, slots, *figures, f"{mean['moeless'] - mean['eplb']:+.4f}"))
                 )
+    return shown(lines)
 
 
-def lpt_table() -> None:
+def lpt_table() -> list[str]:
     rng = np.random.default_rng(0)
     sets = {
         "random uniform (6-16 items)": [
@@ -83,11 +99,16 @@ def lpt_table() -> None:
             for load in loads.layers.values()
         ],
     }
-    print("\n2. LPT and pack_makespan vs the optimum (CP-SAT), 4 workers")
-    print(
-        f"{'instances':<30} {'count':>5} | {'LPT mean':>8} {'worst':>7} {'optimal':>7} | "
-        f"{'pack mean':>9} {'worst':>7} {'optimal':>7}"
-    )
+    lines = [
+        "",
+        "## 2. LPT and pack_makespan against the optimum (CP-SAT), 4 workers",
+        "",
+        "Gap of the makespan over the optimum; optimal: instances solved optimally.",
+        "",
+        *md_header(
+            ("instances", "count", "LPT mean gap", "worst", "optimal", "pack mean gap", "worst", "optimal")
+        ),
+    ]
     for name, instances in sets.items():
         gaps: dict[str, list[float]] = {"lpt": [], "pack": []}
         for times in instances:
@@ -95,10 +116,9 @@ def lpt_table() -> None:
             optimum = optimal_makespan(times, 4)
             for packer, found in (("lpt", lpt), ("pack", pack_makespan)):
                 gaps[packer].append(found([float(t) for t in times], 4)[1] / optimum - 1)
-        columns = " | ".join(
-            f"{np.mean(g):8.2%} {max(g):7.2%} {sum(x == 0 for x in g):7d}" for g in gaps.values()
-        )
-        print(f"{name:<30} {len(instances):>5} | {columns}")
+        cells = [(f"{np.mean(g):.2%}", f"{max(g):.2%}", sum(x == 0 for x in g)) for g in gaps.values()]
+        lines.append(md_row((name, len(instances), *cells[0], *cells[1])))
+    lines.append("")
     for jobs, workers in ((16, 4), (256, 16)):
         times = []
         for _ in range(50):
@@ -106,19 +126,25 @@ def lpt_table() -> None:
             started = time.perf_counter()
             pack_makespan(instance, workers)
             times.append(time.perf_counter() - started)
-        print(
-            f"pack_makespan, {jobs} jobs on {workers} workers: {statistics.median(times) * 1e3:.2f} ms "
+        lines.append(
+            f"- pack_makespan, {jobs} jobs on {workers} workers: {statistics.median(times) * 1e3:.2f} ms "
             f"median, {max(times) * 1e3:.2f} ms worst of 50"
         )
+    return shown(lines)
 
 
-def timing_table() -> None:
+def timing_table() -> list[str]:
     rng = np.random.default_rng(0)
     loads = Loads(
         {layer: rng.zipf(1.5, 128).astype(float) for layer in range(48)},
         {"model": "allenai/OLMoE-1B-7B-0924"},
     )
-    print("\n3. plan time, 48 layers x 128 experts (OLMoE-size experts), median of 5")
+    lines = [
+        "",
+        "## 3. Plan time, 48 layers x 128 experts (OLMoE-size experts), median of 5",
+        "",
+        *md_header(("policy", "options", "ms"), "llr"),
+    ]
     for policy, options in (
         ("static", {"workers": 8}),
         ("moeless", {"workers": 8, "slots": 160}),
@@ -131,15 +157,18 @@ def timing_table() -> None:
             started = time.perf_counter()
             make_plan(loads, PlanRequest(policy, workload=Workload(top_k=8), **options))
             times.append(time.perf_counter() - started)
-        print(f"{policy:<8} {options!s:<32} {statistics.median(times) * 1e3:8.1f} ms")
+        lines.append(md_row((policy, f"`{options}`", f"{statistics.median(times) * 1e3:.1f}")))
+    return shown(lines)
 
 
-def remoe_table() -> None:
+def remoe_table() -> list[str]:
     loads = load_loads(ROUTING / "mistral_c4.json")
-    print("\n4. remoe on Mixtral-8x7B routing (c4), SLO 150 ms per layer, 64 tokens per step, 10 steps/s")
-    print(
-        f"{'memory GB':>9} | {'resident':>8} {'MMP GB':>7} {'functions':>9} | {'$/1k req':>9} {'dual gap':>8}"
-    )
+    lines = [
+        "",
+        "## 4. Remoe on Mixtral-8x7B's routing (c4), SLO 150 ms per layer, 64 tokens per step, 10 steps/s",
+        "",
+        *md_header(("memory GB", "resident experts", "MMP GB", "functions", "$ per 1k requests", "dual gap")),
+    ]
     for memory in (2.0, 5.0, 10.0, 20.0, 60.0):
         plan = make_plan(
             loads,
@@ -148,10 +177,10 @@ def remoe_table() -> None:
         p = plan.params
         gap = (p["primal_usd_per_s"] - p["dual_usd_per_s"]) / p["primal_usd_per_s"]
         resident = sum(e.resident for e in plan.experts)
-        print(
-            f"{memory:9.1f} | {resident:8d} {p['mmp_gb']:7.2f} {len(plan.functions):9d} | "
-            f"{plan.estimate.cost_per_1k_requests:9.4f} {gap:8.2%}"
-        )
+        usd, mmp = plan.estimate.cost_per_1k_requests, p["mmp_gb"]
+        cells = (f"{memory:.1f}", resident, f"{mmp:.2f}", len(plan.functions), f"{usd:.4f}", f"{gap:.2%}")
+        lines.append(md_row(cells))
+    return shown(lines)
 
 
 def main() -> None:
@@ -159,10 +188,8 @@ def main() -> None:
         raise SystemExit(
             "../shared/data/routing is not here: this benchmark needs the real routing statistics"
         )
-    balance_table()
-    lpt_table()
-    timing_table()
-    remoe_table()
+    lines = balance_table() + lpt_table() + timing_table() + remoe_table()
+    write_result("planner", "placement balance, packing and plan time on real routing statistics", lines)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Chunked prefill on a whole model: the stall a long prompt puts on decoding, against TTFT and cost.
 
 Usage:
-    .venv/bin/python benchmarks/prefill_chunk.py                      # about 3 minutes here
+    .venv/bin/python benchmarks/prefill_chunk.py                      # about half a minute here
     .venv/bin/python benchmarks/prefill_chunk.py --trace conv --chunks 0,512
 
 DeepSeek-V3 (routing: OLMoE's on C4, carried onto 256 experts; fp32 experts; batch 16), the
@@ -17,6 +17,7 @@ expert)), p99 TTFT, $ per 1k requests, the ratio to the fleet's $ in the same ru
 What it shows: a chunk bounds the one long step every decoding sequence waits for, but each
 chunk re-pays every layer's invokes and the experts' weights, so the backbone prefills fewer
 tokens per second and TTFT grows (on Lambda a step's floor is ~1.5 s whatever its tokens).
+Writes benchmarks/results/prefill_chunk.md.
 """
 
 from __future__ import annotations
@@ -26,16 +27,16 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from common import md_header, md_row, write_result
 from slo_plan import ARRIVALS, setting
 
 
 def row(name: str, chunk: int, summary: dict[str, Any], floor_ms: float, fleet_usd: float) -> str:
-    return (
-        f"| {chunk or 'whole'} | {name} | {summary['tpot_ms_p99'] / floor_ms:.2f} "
-        f"| {summary['ttft_ms_p99'] / 1e3:.1f} | {summary['usd_per_1k_requests']:.1f} "
-        f"| {summary['usd_per_1k_requests'] / fleet_usd:.2f} | {summary['invokes']:,} "
-        f"| {summary['completed']}/{summary['requests']} |"
-    )
+    usd = summary["usd_per_1k_requests"]
+    tpot, ttft = summary["tpot_ms_p99"] / floor_ms, summary["ttft_ms_p99"] / 1e3
+    completed = f"{summary['completed']}/{summary['requests']}"
+    cells = (f"{tpot:.2f}", f"{ttft:.1f}", f"{usd:.1f}", f"{usd / fleet_usd:.2f}", f"{summary['invokes']:,}")
+    return md_row((chunk or "whole", name, *cells, completed))
 
 
 def main() -> None:
@@ -52,13 +53,16 @@ def main() -> None:
     deployment, routing, replay = setting(args.rate, args.trace, args.window)
     floor = lambda_floor_ms(deployment, default_memory_options(deployment)[0])
     prompts = sorted(r.prompt_tokens for r in replay)
-    print(
+    lines = [
         f"{len(replay)} requests of the {args.trace} trace at {args.rate:g}/s over {args.window:g} s; "
         f"prompt tokens median {prompts[len(prompts) // 2]}, max {prompts[-1]}; "
-        f"Lambda floor {floor:.0f} ms per token\n"
-    )
-    print("| prefill chunk | policy | p99 TPOT / floor | p99 TTFT s | $/1k | x fleet | invokes | completed |")
-    print("|---|---|---:|---:|---:|---:|---:|---|")
+        f"Lambda floor {floor:.0f} ms per token. `moeless`: the planner's plan, nothing provisioned, after "
+        "the warm-up pass; `oracle`: every function warm; `static`: the fleet; x fleet: $ over the fleet's.",
+        "",
+        *md_header(("prefill chunk", "policy", "p99 TPOT / floor", "p99 TTFT s", "$/1k", "x fleet", "invokes",
+                    "completed"), "llrrrrrr"),
+    ]  # fmt: skip
+    print("\n".join(lines))
     for chunk in (int(c) for c in args.chunks.split(",")):
         chunked = replace(deployment, prefill_chunk=chunk or None)
         started = time.perf_counter()
@@ -70,8 +74,10 @@ def main() -> None:
         }
         fleet = results["static"]["usd_per_1k_requests"]
         for name, summary in results.items():
-            print(row(name, chunk, summary, floor, fleet), flush=True)
-        print(f"<!-- chunk {chunk or 'whole'}: {time.perf_counter() - started:.0f} s -->", flush=True)
+            lines.append(row(name, chunk, summary, floor, fleet))
+            print(lines[-1], flush=True)
+        print(f"chunk {chunk or 'whole'}: {time.perf_counter() - started:.0f} s", flush=True)
+    write_result("prefill_chunk", "chunked prefill on Lambda, the stall against TTFT and cost", lines)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ burst meets cold functions. One sequence runs at a time (max batch 1), so queued
 the pre-warmer lead time. Similar-Prompt Search learns from a trace of 800 other prompts
 (profiled once, cached) and online from each finished request. Prompts: entries
 800+ of ../shared/data/prompts/dev.jsonl (not in the trace), else the demo prompts repeated.
+Writes benchmarks/results/prewarm.md.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import threading
 import time
 from pathlib import Path
 
-from common import bench_model
+from common import bench_model, md_header, md_row, write_result
 
 from moeless.contracts.manifest import load_manifest
 from moeless.contracts.plan import one_function_per_expert
@@ -101,18 +102,20 @@ def main() -> None:
     trace = REPO / ".moeless" / "bench" / f"trace-{model.name}-{len(history)}"
     if not (trace / "meta.json").is_file():
         profile(model, history, trace, max_new_tokens=16, hidden_sample_rate=0.5)
-    print(
-        f"{len(stream)} requests in bursts of {BURST}, all instances reaped ({IDLE_S} s idle) between bursts"
-    )
-    print(
-        f"{'':<14} | {'cold starts on path':>19} {'invokes':>8} {'warm-ups':>8} | {'p50 s':>6} {'max s':>6}"
-    )
+    lines = [
+        f"{len(stream)} requests in bursts of {BURST}, every instance reaped ({IDLE_S:g} s idle) between "
+        f"bursts, one sequence at a time; SPS learns from {len(history)} other prompts. Latency is "
+        "end to end per request.",
+        "",
+        *md_header(("", "cold starts on the request path", "invokes", "warm-up invokes", "p50 s", "max s")),
+    ]
+    print("\n".join(lines))
     for label, source in (("no pre-warm", None), ("SPS pre-warm", trace)):
         r = run(artifacts, source, stream)
-        print(
-            f"{label:<14} | {r['cold_on_path']:19.0f} {r['invokes']:8.0f} {r['prewarm_invokes']:8.0f} | "
-            f"{r['p50_s']:6.2f} {r['p99_s']:6.2f}"
-        )
+        counts = (f"{r[key]:.0f}" for key in ("cold_on_path", "invokes", "prewarm_invokes"))
+        lines.append(md_row((label, *counts, f"{r['p50_s']:.2f}", f"{r['p99_s']:.2f}")))
+        print(lines[-1], flush=True)
+    write_result("prewarm", "cold starts on the request path with and without SPS pre-warming", lines)
 
 
 if __name__ == "__main__":

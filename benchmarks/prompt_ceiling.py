@@ -13,7 +13,7 @@ training requests). The last column is a ceiling check, not a predictor: it show
 length adds. The R^2 of the length predicted from the prompt (kernel regression on the same
 neighbours) shows whether a predictor could learn it. All rows are static (test requests do not
 join the index as they finish), so they sit a little below `eval-routing`'s online figures.
-Takes about a minute.
+Takes about a minute. Writes benchmarks/results/prompt_ceiling.md.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
-from common import GPTOSS_ROUTING, load_gptoss_routing
+from common import GPTOSS_ROUTING, load_gptoss_routing, md_header, md_row, write_result
 
 from moeless.prediction.predictors import Embedder, FrequencyPrior
 from moeless.prediction.prompt_predictors import (
@@ -74,14 +74,13 @@ def main() -> None:
     prompts = {p["request"]: p["prompt"] for p in trace.prompts}
     vectors = dict(zip(requests.tolist(), Embedder()([prompts[int(r)] for r in requests]), strict=True))
     log_length = {int(r): float(np.log(max((trace.request == r).sum(), 1))) for r in requests}
-    print(
-        f"{GPTOSS_ROUTING.name}: {len(requests)} requests, {args.splits} splits, "
-        f"test fraction {args.test_fraction}"
-    )
-    print(
-        f"{'seed':>4} | {'prior':>6} {'kernel':>6} {'mean only':>9} {'+length oracle':>14} | "
-        f"{'length R^2':>10}"
-    )
+    lines = [
+        f"{GPTOSS_ROUTING.name}: {len(requests)} requests, {args.splits} splits, test fraction "
+        f"{args.test_fraction}; load accuracy on the test requests, static index.",
+        "",
+        *md_header(("seed", "prior", "kernel", "mean only", "+ length oracle", "length R^2")),
+    ]
+    print("\n".join(lines))
     rows = []
     for seed in range(args.splits):
         train, test = split_by_request(trace, seed, args.test_fraction)
@@ -107,15 +106,17 @@ def main() -> None:
         r2 = 1 - ((guessed - lengths[1]) ** 2).mean() / lengths[1].var()
         scores = [load_accuracy(p, test_shares).mean() for p in (prior[None], predicted, means, oracle)]
         rows.append(scores)
-        print(
-            f"{seed:>4} | {scores[0]:6.3f} {scores[1]:6.3f} {scores[2]:9.3f} {scores[3]:14.3f} | {r2:10.3f}"
-        )
+        lines.append(md_row((seed, *(f"{score:.3f}" for score in scores), f"{r2:.3f}")))
+        print(lines[-1], flush=True)
     table = np.array(rows)
     gains = table[:, 1:] - table[:, :1]
-    print(
-        f"mean gain over the prior: kernel {gains[:, 0].mean():+.3f} (min {gains[:, 0].min():+.3f}), "
-        f"mean only {gains[:, 1].mean():+.3f}, with the length oracle {gains[:, 2].mean():+.3f}"
-    )
+    lines += [
+        "",
+        f"Mean gain over the prior: kernel {gains[:, 0].mean():+.3f} (min {gains[:, 0].min():+.3f}), "
+        f"mean only {gains[:, 1].mean():+.3f}, with the length oracle {gains[:, 2].mean():+.3f}.",
+    ]
+    print(lines[-1])
+    write_result("prompt_ceiling", "how much of a request's expert load its prompt can tell", lines)
 
 
 if __name__ == "__main__":

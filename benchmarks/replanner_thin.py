@@ -23,7 +23,8 @@ quiet as the optimiser judges (nothing warm but what the plan keeps warm):
   (``plan --replan-interval 60``) for the same SLO, if any meets it.
 
 ``--variants`` picks some of ``short,hold,floor`` (static, the baseline, always runs). Every
-re-planner prices a cold start as the plan was sized. Needs ``../shared/data``.
+re-planner prices a cold start as the plan was sized. Needs ``../shared/data``. Writes
+benchmarks/results/replanner_thin.md.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import math
 from dataclasses import replace
 from typing import Any
 
+from common import md_header, md_row, write_result
 from slo_plan import requests_of, setting, summary_of
 
 from moeless.planning.concurrency import LONG_MEMORY_S
@@ -46,6 +48,10 @@ VARIANTS = {
     "hold": ("+ long memory, 30-minute hold", LONG_MEMORY_S, LONG_MEMORY_S),
     "floor": ("+ long memory, plan as floor", LONG_MEMORY_S, None),
 }
+
+
+COLUMNS = ("plan", "provisioned at start", "met", "completed", "$/1k", "x static", "p99 TPOT / floor",
+           "cold starts", "cold / invokes", "re-plans")  # fmt: skip
 
 
 def with_replanner(plan: Any, usd_per_cold_start: float, memory_s: float | None, hold_s: float | None) -> Any:
@@ -105,19 +111,22 @@ def main() -> None:
         provisioned = sum(f.provisioned_concurrency for f in plan.functions)
         rows[label] = summary_of(result) | {"replans": result.replans, "provisioned": provisioned}
     base = rows["static"]["usd_per_1k_requests"]
-    print(
-        f"\nDeepSeek-V3, chunks of {CHUNK}, {args.rate:g} req/s; planned on {args.window:g} s of code "
-        f"(a cold start priced ${price:g}), replayed on {args.replay_window:g} s of conversations"
-    )
-    print("| plan | provisioned at start | met | completed | $/1k | x static | p99 TPOT / floor "
-          "| cold starts | cold / invokes | re-plans |")  # fmt: skip
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+    lines = [
+        f"DeepSeek-V3, chunks of {CHUNK}, {args.rate:g} req/s; the provisioned-only plan sized for "
+        f"{args.slo:g}x the Lambda floor on {args.window:g} s of code (a cold start priced ${price:g}), "
+        f"replayed on {args.replay_window:g} s of conversations after a quiet.",
+        "",
+        *md_header(COLUMNS, "lrlrrrrrrr"),
+    ]
     for label, row in rows.items():
         cost, met = row["usd_per_1k_requests"], "yes" if slo.met(row) else "no"
-        print(f"| {label} | {row['provisioned']} | {met} | {row['completed']}/{row['requests']} "
-              f"| {cost:.2f} | {cost / base:.2f} | "
-              f"{row['tpot_ms_p99'] / floor:.2f} | {row['cold_starts']} | "
-              f"{row['cold_starts'] / max(row['invokes'], 1):.3%} | {row['replans']} |")  # fmt: skip
+        lines.append(md_row((
+            label, row["provisioned"], met, f"{row['completed']}/{row['requests']}", f"{cost:.2f}",
+            f"{cost / base:.2f}", f"{row['tpot_ms_p99'] / floor:.2f}", row["cold_starts"],
+            f"{row['cold_starts'] / max(row['invokes'], 1):.3%}", row["replans"],
+        )))  # fmt: skip
+    print("\n".join(lines))
+    write_result("replanner_thin", "the forecasting re-planner at thin traffic", lines)
 
 
 if __name__ == "__main__":

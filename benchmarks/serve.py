@@ -24,6 +24,7 @@ It prints output tokens/s, p50/p99 time per output token (TPOT: gap between toke
 p50 time to first token, the ratio service/baseline, and the service's mean per-layer dispatch time
 (one MoE layer's experts for all sequences of a step: encode, invoke, wait, decode).
 Prompts: ../shared/data/prompts/dev.jsonl when it exists, else the project's demo prompts.
+Writes benchmarks/results/serve.md.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-from common import load_prompts, tiny_mixtral
+from common import load_prompts, md_header, md_row, tiny_mixtral, write_result
 
 from backbone_service.local import running_service
 from moeless.contracts.manifest import load_manifest
@@ -213,11 +214,18 @@ def main() -> None:
     unsplit = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(device).eval()
     baseline = GenerationEngine(unsplit, tokenizer, None, eos_token_ids(unsplit), max_batch=16)
     host = "in its own process" if args.host_process else "in-process"
-    print(
-        f"prompts: {'../shared/data/prompts/dev.jsonl' if SHARED_PROMPTS.is_file() else 'demo prompts'}, "
+    lines = [
+        f"Prompts: {'../shared/data/prompts/dev.jsonl' if SHARED_PROMPTS.is_file() else 'demo prompts'}, "
         f"{per_level} requests per level, max_tokens {MAX_TOKENS}, greedy, backbones on {device}, "
-        f"Lambda host {host}"
-    )
+        f"Lambda host {host}. Tokens/s of output; TPOT: time per output token after the first; "
+        "ratio: service tok/s over unsplit tok/s; dispatch: one MoE layer's experts for all sequences "
+        "of a step.",
+        "",
+        *md_header(("plan", "clients", "service tok/s", "TPOT p50 / p99 ms", "TTFT p50 ms", "unsplit tok/s",
+                    "TPOT p50 / p99 ms", "ratio", "dispatch ms per layer"), "lrrrrrrrr"),
+    ]  # fmt: skip
+    print("\n".join(lines))
+    counters = []
     try:
         for kind in plans:
             plan_path = plan_of(kind, artifacts, WORKDIR)
@@ -233,10 +241,16 @@ def main() -> None:
                     plan = load_plan(plan_path, load_manifest(artifacts))
                     start_host = lambda plan=plan: start_expert_host(artifacts, plan, EXPERT_ROOT)  # noqa: E731
                 server, backbone, _ = stack.enter_context(running_service(config, 0, start_host))
-                print(f"\nplan: {PLANS[kind]}")
-                measure(server.url, backbone, baseline, tokenizer, prompts, levels)
+                lines += measure(server.url, backbone, baseline, tokenizer, prompts, levels, PLANS[kind])
+                counts = {k: int(v) for k, v in sorted(backbone.stats.snapshot()["counters"].items())}
+                counters.append(f"- {PLANS[kind]}: `{json.dumps(counts)}`")
     finally:
         baseline.stop()
+    counters = ["", "Service counters:", "", *counters]
+    print("\n".join(counters))
+    write_result(
+        "serve", "the split service on the local Lambda host against the unsplit model", lines + counters
+    )
 
 
 def measure(
@@ -246,14 +260,12 @@ def measure(
     tokenizer,
     prompts: list[str],
     levels: tuple[int, ...],
-) -> None:
-    """Both systems at each number of concurrent clients, the service first."""
+    plan: str,
+) -> list[str]:
+    """Both systems at each number of concurrent clients, the service first: a Markdown row per level."""
     ask = service_request(url, backbone.model_name)
     run_clients(16, load_prompts(16), ask)  # warm-up: start the instances 16 clients need
-    print(
-        f"{'clients':>7} | {'service tok/s':>13} {'TPOT p50/p99 ms':>16} {'TTFT p50':>9} | "
-        f"{'unsplit tok/s':>13} {'TPOT p50/p99 ms':>16} | {'tok/s ratio':>11} | {'dispatch ms/layer':>17}"
-    )
+    rows = []
     for clients in levels:
         before = backbone.stats.snapshot()["dispatch"]
         service, wall = run_clients(clients, prompts, ask)
@@ -263,14 +275,16 @@ def measure(
         total = sum(h["sum"] for h in after.values()) - sum(h["sum"] for h in before.values())
         local, wall = run_clients(clients, prompts, engine_request(baseline, tokenizer))
         base = summarise(local, wall)
-        print(
-            f"{clients:>7} | {served['tokens_per_s']:13.1f} "
-            f"{served['tpot_p50']:7.1f} /{served['tpot_p99']:7.1f} {served['ttft_p50']:9.1f} | "
-            f"{base['tokens_per_s']:13.1f} {base['tpot_p50']:7.1f} /{base['tpot_p99']:7.1f} | "
-            f"{served['tokens_per_s'] / base['tokens_per_s']:11.2f} | {total / max(count, 1) * 1e3:17.2f}"
-        )
-    counters = backbone.stats.snapshot()["counters"]
-    print(f"service counters: {json.dumps({k: int(v) for k, v in sorted(counters.items())})}")
+        rows.append(
+            md_row((
+                plan if not rows else "", clients, f"{served['tokens_per_s']:.1f}",
+                f"{served['tpot_p50']:.1f} / {served['tpot_p99']:.1f}", f"{served['ttft_p50']:.0f}",
+                f"{base['tokens_per_s']:.1f}", f"{base['tpot_p50']:.1f} / {base['tpot_p99']:.1f}",
+                f"{served['tokens_per_s'] / base['tokens_per_s']:.2f}", f"{total / max(count, 1) * 1e3:.2f}",
+            ))
+        )  # fmt: skip
+        print(rows[-1], flush=True)
+    return rows
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ In the same run, in this order:
 
 It prints both sides and the simulator's signed relative error; the last line reads
 ``sim vs real: invokes E%, cold starts E%, layer p50 E%, layer p99 E%, request p50 E%, request p99 E%``.
+Writes benchmarks/results/sim_vs_real.md (``--plan tiered``: sim_vs_real_tiered.md).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ from typing import Any
 
 import httpx
 import numpy as np
-from common import load_prompts, tiny_mixtral
+from common import load_prompts, md_table, tiny_mixtral, write_result
 
 from backbone_service.local import running_service
 from moeless.contracts.manifest import Manifest, load_manifest
@@ -744,41 +745,29 @@ def main() -> None:
         )
     )
     print(verdict)
-    if args.plan == "tiered":  # the functions plan's figures live in results/measured.md
-        write_result(args, plan, host_call_ms, rows + extra, verdict)
-
-
-def write_result(args: argparse.Namespace, plan: Plan, host_call_ms: float, rows: list, verdict: str) -> None:
-    """``benchmarks/results/sim_vs_real_tiered.md``: the command, commit, date, machine, the table."""
-    import os
-    import platform
-    from datetime import UTC, datetime
-
-    commit = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    flags = " ".join(sys.argv[1:])
+    if args.plan == "tiered":
+        name, title = "sim_vs_real_tiered", "the simulator against the local stack, host-tier experts"
+        served = (
+            f"{len(plan.in_process())} experts on the backbone's host (the three of each layer the prompts "
+            f"route the most tokens to), {len(plan.functions)} functions; measured host per-call overhead "
+            f"{host_call_ms:.3f} ms"
+        )
+    else:
+        name, title = "sim_vs_real", "the simulator against the local stack"
+        served = f"one function per expert ({len(plan.functions)} functions)"
     lines = [
-        "# sim_vs_real with host-tier experts",
+        f"Plan: {served}; arrivals {args.pattern} for {duration:g} s ({len(times)} requests), max_tokens "
+        f"{MAX_TOKENS}, greedy. Each figure of the simulator's constants is measured in the same run, none "
+        "fitted to the answer. Goal: invokes and cold starts within 10%, latencies within 25%.",
         "",
-        f"`.venv/bin/python benchmarks/sim_vs_real.py {flags}`; commit {commit} (uncommitted changes "
-        f"included), {datetime.now(UTC):%Y-%m-%d}, {platform.machine()} with {os.cpu_count()} cores.",
-        "",
-        f"Plan: {len(plan.in_process())} experts on the backbone's host (the three of each layer the "
-        f"prompts route the most tokens to), {len(plan.functions)} functions; {args.pattern}; measured "
-        f"host per-call overhead {host_call_ms:.3f} ms. Goal: invokes and cold starts within 10%, "
-        "latencies within 25%.",
-        "",
-        "| | real | simulated | error |",
-        "|---|---:|---:|---:|",
-        *(f"| {name} | {fmt.format(r)} | {fmt.format(s)} | {signed(s, r)} |" for name, r, s, fmt in rows),
+        *md_table(
+            ("", "real", "simulated", "error"),
+            ((label, fmt.format(r), fmt.format(s), signed(s, r)) for label, r, s, fmt in rows + extra),
+        ),
         "",
         verdict,
-        "",
     ]
-    out = REPO / "benchmarks" / "results" / "sim_vs_real_tiered.md"
-    out.write_text("\n".join(lines))
-    print(f"wrote {out}")
+    write_result(name, title, lines)
 
 
 if __name__ == "__main__":

@@ -21,7 +21,8 @@ its defaults (continuous batching up to 16 sequences, fp32 experts, native GPU d
 
 Each (model, rate) writes OUT/MODEL/RATE/{report.md,results.csv} and is skipped when present, so an
 interrupted study resumes. It ends with OUT/study.csv, OUT/cost_vs_rate.png, and a Markdown table
-per model with the crossover rate where the fleet becomes cheaper than moeless.
+per model with the crossover rate where the fleet becomes cheaper than moeless, written to
+benchmarks/results/simulate.md.
 """
 
 from __future__ import annotations
@@ -31,6 +32,8 @@ import csv
 import subprocess
 import sys
 from pathlib import Path
+
+from common import md_header, md_row, write_result
 
 REPO = Path(__file__).resolve().parent.parent
 ROUTING = REPO.parent / "shared" / "data" / "routing"
@@ -103,15 +106,27 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(rows)
     plot(rows, models, args.output / "cost_vs_rate.png")
+    lines = [
+        "Arrivals: the Azure 2023 conversation trace rescaled to each rate, each run at least "
+        f"{120 if args.quick else 300} s and the trace's first {10 if args.quick else 40} requests (the rate "
+        "in brackets is the one the window really had). $ per 1k requests (per completed request where a "
+        "policy could not keep up), p99 TTFT and TPOT in ms, cold starts on the request path. Routing, "
+        "policies and defaults: the module docstring.",
+    ]
     for model in models:
-        print(f"\n### {model}\n")
         mine = [r for r in rows if r["model"] == model]
-        first = mine[0]
-        print(f"fleet {first['fleet']}; backbone {next(r['backbone'] for r in mine if r['backbone'])}\n")
-        print(
-            "| rate /s | policy | $ per 1k requests | vs static | TTFT p99 ms | TPOT p99 ms | cold starts |"
-        )
-        print("|---:|---|---:|---:|---:|---:|---:|")
+        # the serverless policies' backbone; the hybrid policy's node is another instance
+        backbone = next(r["backbone"] for r in mine if r["backbone"] and r["policy"] != "hybrid")
+        hybrid = next((f"; hybrid node {r['backbone']}" for r in mine if r["policy"] == "hybrid"), "")
+        lines += [
+            "",
+            f"## {model}",
+            "",
+            f"fleet {mine[0]['fleet']}; backbone {backbone}{hybrid}",
+            "",
+            *md_header(("rate /s (the window's)", "policy", "$ per 1k requests", "vs static", "TTFT p99 ms",
+                        "TPOT p99 ms", "cold starts"), "rlrrrrr"),
+        ]  # fmt: skip
         series: dict[str, list[float]] = {}
         for rate in rates:
             at = {r["policy"]: r for r in mine if r["rate"] == rate}
@@ -120,14 +135,16 @@ def main() -> None:
                 usd = float(r["usd_per_1k_requests"])
                 series.setdefault(policy, []).append(usd)
                 real = int(r["requests"]) / duration_for(rate, args.quick)
-                print(
-                    f"| {rate:g} ({real:.2g}) | {policy} | {usd:.4g} | {usd / static:.2f}x | "
-                    f"{float(r['ttft_ms_p99']):.0f} | {float(r['tpot_ms_p99']):.0f} | {r['cold_starts']} |"
-                )
+                lines.append(md_row((
+                    f"{rate:g} ({real:.2g})", policy, f"{usd:.4g}", f"{usd / static:.2f}x",
+                    f"{float(r['ttft_ms_p99']):.0f}", f"{float(r['tpot_ms_p99']):.0f}", r["cold_starts"],
+                )))  # fmt: skip
         if "moeless" in series and len(series["moeless"]) == len(rates):
             cross = crossover(rates, series["moeless"], series["static"])
-            print(f"\nthe fleet is cheaper than moeless from {cross}")
+            lines += ["", f"The fleet is cheaper than moeless from {cross}."]
+    print("\n".join(lines))
     print(f"\n{args.output / 'study.csv'}, {args.output / 'cost_vs_rate.png'}")
+    write_result("simulate", "the whole-model study, cost and latency per policy against the rate", lines)
 
 
 def plot(rows: list[dict], models: list[str], path: Path) -> None:

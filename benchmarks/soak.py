@@ -14,6 +14,8 @@ function per expert on the local Lambda host. During the load:
 every answer must be complete and token-identical, under greedy decoding, to the unsplit model's.
 Then an overload burst (--burst concurrent requests against a queue of --max-waiting) must be
 answered with 200 or 429 + Retry-After, never a hang or a 5xx. Exit status 1 if anything failed.
+Writes benchmarks/results/soak.md, or with --json the result as JSON there instead (as the tests
+run it: a short soak does not replace the measured one).
 
 The faulty handler is the tests' fault injector (tests/lambda_handlers/faulty_expert.py).
 """
@@ -34,7 +36,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import httpx
-from common import tiny_mixtral
+from common import md_table, tiny_mixtral, write_result
 
 from backbone_service.local import running_service
 from moeless.contracts.manifest import load_manifest
@@ -228,6 +230,40 @@ def summary(result: dict) -> str:
     )
 
 
+COLUMNS = (
+    "requests",
+    "correct and complete",
+    "p50 / p99",
+    "instances killed",
+    "Lambda throttles",
+    "function errors -> retries, in-process fallbacks",
+    "overload burst",
+    "5xx, hangs, wrong answers",
+)
+
+
+def table(result: dict) -> list[str]:
+    """The result as a Markdown table: what was served, what was injected, what failed."""
+    faults, overload, service = result["faults"], result["overload"], result["service"]
+    p50, p99 = ((result[key] or 0) / 1e3 for key in ("latency_ms_p50", "latency_ms_p99"))
+    errors, retries, fallbacks = (int(service[key]) for key in ("invoke_errors", "retries", "fallbacks"))
+    burst = (
+        f"{overload['sent']} at once -> {overload['ok']} served, "
+        f"{overload['rejected_with_retry_after']} x 429 with Retry-After"
+    )
+    row = (
+        result["requests"],
+        result["outcome"]["ok"],
+        f"{p50:.1f} s / {p99:.1f} s",
+        faults["instances_killed"],
+        faults["lambda_throttles"],
+        f"{errors} -> {retries}, {fallbacks}",
+        burst,
+        result["failures"],
+    )
+    return md_table(COLUMNS, [row], "rrrrrrlr")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=8)
@@ -238,7 +274,7 @@ def main() -> int:
     parser.add_argument("--burst", type=int, default=48, help="concurrent requests of the overload burst")
     parser.add_argument("--max-waiting", type=int, default=8, help="the service's queue before 429")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--json", type=Path, help="also write the result here")
+    parser.add_argument("--json", type=Path, help="write the result here as JSON instead of results/soak.md")
     args = parser.parse_args()
     if not 1 <= args.clients <= 64 or not 0 < args.seconds <= 600:
         parser.error("--clients must be 1-64 and --seconds 0-600 (the soak is bounded)")
@@ -247,6 +283,18 @@ def main() -> int:
     print(text)
     if args.json:
         args.json.write_text(text + "\n")
+    else:
+        lines = [
+            f"{args.clients} clients for {args.seconds:g} s against the local endpoint, one function per "
+            f"expert of a tiny Mixtral; an instance SIGKILLed every {args.kill_every:g} s, one function "
+            "throttled (reserved concurrency 0), one failing every invoke; every answer checked complete and "
+            f"token-identical to the unsplit model's. Then {args.burst} requests at once against a queue of "
+            f"{args.max_waiting}.",
+            "",
+            *table(result),
+        ]
+        print("\n".join(lines))
+        write_result("soak", "faults and overload against the local endpoint", lines)
     print(f"\n{summary(result)}", file=sys.stderr)
     return 1 if result["failures"] else 0
 

@@ -69,8 +69,9 @@ from cli.options import (
     type=click.FloatRange(0),
     default=0.0,
     show_default=True,
-    help="Re-plan every this many seconds (0: never), as `serve --replan-interval` does: a plan "
-    "that carries the forecasting re-planner runs it; the others re-plan from each window's loads.",
+    help="Re-plan every this many seconds (0: never): a plan that carries the forecasting re-planner "
+    "runs it, as `serve` does; the others are re-planned by their policy from each window's loads "
+    "(`serve --replan-interval` re-sizes only provisioned concurrency, from rolling rates).",
 )
 @click.option("--no-plots", is_flag=True, help="Skip the plots (faster on whole models).")
 @click.option("-o", "--output", required=True, type=click.Path(file_okay=False, path_type=Path))

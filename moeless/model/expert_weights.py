@@ -75,7 +75,8 @@ def find_expert_sources(checkpoint: LazyCheckpoint, num_experts: int) -> dict[tu
     """Map every (layer, expert) to the checkpoint tensors holding it.
 
     Raises:
-        UnsupportedArchitectureError: experts are stored quantised (e.g. GPT-OSS MXFP4).
+        UnsupportedArchitectureError: experts are stored quantised (e.g. GPT-OSS MXFP4) or the
+            checkpoint holds fp8 weights (e.g. DeepSeek-V3's block-scaled fp8).
         CheckpointError: an expert is missing one of its projections.
     """
     quantised = [k for k in checkpoint.tensors if _QUANTISED.search(k)]
@@ -83,6 +84,14 @@ def find_expert_sources(checkpoint: LazyCheckpoint, num_experts: int) -> dict[tu
         raise UnsupportedArchitectureError(
             f"experts are stored quantised ({quantised[0]!r}, e.g. GPT-OSS MXFP4); "
             "moeless packages unquantised (bf16/fp16/fp32) checkpoints: dequantise first"
+        )
+    # Block-scaled fp8 (DeepSeek-V3/R1 as published) reads as plain floats without its
+    # `weight_scale_inv` tensors: every weight would be off by its block's scale, silently.
+    fp8 = [k for k, info in checkpoint.tensors.items() if info.dtype.startswith("F8")]
+    if fp8:
+        raise UnsupportedArchitectureError(
+            f"weights are stored in fp8 ({fp8[0]!r}, e.g. DeepSeek-V3 as published); moeless packages "
+            "bf16/fp16/fp32 checkpoints: dequantise first (DeepSeek's inference/fp8_cast_bf16.py)"
         )
     sources: dict[tuple[int, int], ExpertSource] = {}
     fused: dict[int, dict[str, str]] = defaultdict(dict)

@@ -535,8 +535,11 @@ def _known(name: str) -> ModelShape | None:
 
 
 def _config_file(path: Path) -> Path | None:
-    if path.is_dir() and (path / "config.json").is_file():
-        return path / "config.json"
+    """``path`` itself, or the config.json of a model folder or of a package (``moeless package``
+    keeps the model's config in ``backbone/``, so loads profiled on a package name their shape)."""
+    if path.is_dir():
+        found = [path / "config.json", path / "backbone" / "config.json"]
+        return next((candidate for candidate in found if candidate.is_file()), None)
     return path if path.is_file() else None
 
 

@@ -19,13 +19,13 @@ The other way to keep a level warm is to **ping** it: the backbone invokes the f
 environments every few minutes, under the idle timeout (``moeless/serving/keep_warm.py``), for a
 request and one token's compute each (:func:`ping_cost_usd`): hundreds of times cheaper than
 provisioned GB-s, but Lambda does not promise to keep an idle environment, so it is a choice the
-user can refuse (``--no-keep-warm``).
+user can refuse (``"keep_warm": false`` in the optimiser's ``--search`` file).
 
 :func:`provisioned_for` prices a cold start at ``usd_per_cold_start`` (the Lagrange multiplier of
 the latency target) and keeps each level warm the cheaper way when ``lambda * c_j`` pays for it.
 ``lambda = 0`` provisions only what saves money outright; ``lambda = inf`` keeps every level that
-saw a cold start warm. The optimiser (:mod:`moeless.sizing`) finds the smallest multiplier whose
-plan meets the SLO in the simulator; the result is monotone in it, so a tighter SLO never costs less.
+saw a cold start warm. The optimiser (:mod:`moeless.sizing.family`) judges the plan of every
+multiplier on its grid in the simulator and keeps the cheapest that meets the SLO.
 """
 
 from __future__ import annotations

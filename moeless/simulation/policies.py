@@ -42,7 +42,7 @@ POLICIES = ("static", "hybrid", "moeless", "remoe", "oracle")
 
 # The predictors' accuracy measured on a real model's routing (gpt-oss-20b, all 24 layers, 70/30
 # split by request: `moeless predict eval-routing ../shared/data/routing/gptoss20b_decode.npz`,
-# benchmarks/routing_predictors.py; benchmarks/results/measured.md, "Predictors"): moeless
+# benchmarks/routing_predictors.py; benchmarks/results/routing_predictors.md): moeless
 # pre-warms one layer ahead with the cross-layer net (hit rate 0.751 at d = 1); remoe at arrival
 # with SPS (set recall 0.683). The
 # defaults only: ``moeless simulate --prewarm-eval POLICY=EVAL.json`` replaces them.

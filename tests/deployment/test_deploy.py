@@ -9,6 +9,7 @@ the synthesised templates (test_cdk_app.py), not here.
 from __future__ import annotations
 
 import json
+import re
 import socket
 import subprocess
 from pathlib import Path
@@ -433,7 +434,6 @@ def test_deploy_local_mirrors_to_moto_and_serves_until_sigterm(tiny, moto_url, s
 
     artifacts = tiny.package()
     planned(artifacts).save(tmp_path / "plan.json")
-    port = free_port()
     env = os.environ | {
         "AWS_ACCESS_KEY_ID": "testing",
         "AWS_SECRET_ACCESS_KEY": "testing",
@@ -451,12 +451,14 @@ def test_deploy_local_mirrors_to_moto_and_serves_until_sigterm(tiny, moto_url, s
         "--aws-endpoint",
         moto_url,
         "--port",
-        str(port),
+        "0",  # any free port, which it prints: no race with the other servers for a port found free
     ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         line = process.stdout.readline()
-        assert line.startswith(f"REST endpoint: http://127.0.0.1:{port}"), line + process.stderr.read()
+        bound = re.match(r"REST endpoint: http://127\.0\.0\.1:(\d+)/v1", line)
+        assert bound, line + process.stderr.read()
+        port = int(bound.group(1))
         body = json.dumps(
             {"model": artifacts.name, "prompt": "Hello", "max_tokens": 3, "temperature": 0}
         ).encode()

@@ -218,3 +218,18 @@ def test_quantised_experts_are_refused(tiny, tmp_path):
     save_file(tensors, folder / "model.safetensors")
     with pytest.raises(UnsupportedArchitectureError, match="MXFP4"):
         package(folder, tmp_path / "art", progress=False)
+
+
+def test_fp8_weights_are_refused_not_read_without_their_scales(tiny, tmp_path):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "fp8"
+    shutil.copytree(tiny.model("deepseek_v3"), folder)
+    tensors = load_file(folder / "model.safetensors")
+    name = next(k for k in tensors if ".experts.0.gate_proj.weight" in k)
+    tensors[name] = tensors[name].to(torch.float8_e4m3fn)
+    tensors[name.replace(".weight", ".weight_scale_inv")] = torch.ones(1, 1)
+    save_file(tensors, folder / "model.safetensors")
+    with pytest.raises(UnsupportedArchitectureError, match="fp8_cast_bf16"):
+        package(folder, tmp_path / "art", progress=False)

@@ -106,6 +106,13 @@ def test_a_config_json_on_disk_goes_through_resolve_model(tmp_path):
         resolve_model(str(tmp_path / "bad.json"))
 
 
+def test_loads_profiled_on_a_package_take_their_shape_from_its_backbone_config(tiny):
+    artifacts = tiny.package("qwen3_moe")
+    shape = shape_for_loads({"model": str(artifacts)}, None)
+    assert shape.source == str(artifacts / "backbone" / "config.json")
+    assert shape.num_experts == json.loads((artifacts / "manifest.json").read_text())["num_experts"]
+
+
 def test_an_unknown_model_lists_the_presets_and_says_a_path_is_accepted():
     with pytest.raises(ModelShapeError) as caught:
         resolve_model("mistralai/Mistral-7B-v0.1")
