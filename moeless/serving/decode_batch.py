@@ -16,7 +16,15 @@ and ``n = min(T, window - 1)`` for a sliding-window layer (transformers keeps on
 token can see); ``mask [B, T]``; ``lengths[b]`` real tokens of row ``b``.
 
 Padded positions exist only in the cache, never among a step's query tokens (each row decodes
-exactly one real token), so no padding row ever reaches the routers or the expert functions.
+one real token, or with speculation its last token and its drafts, the same number in every row),
+so no padding row ever reaches the routers or the expert functions.
+
+**Speculation** (:mod:`moeless.serving.speculation`): a row's step may carry ``m`` tokens; after
+the forward each row keeps the columns of the tokens it accepted (:meth:`DecodeBatch.advanced`
+with ``kept``) and the batch is re-stacked without the rest, so every row is again right-aligned
+and exactly what decoding one token per forward would have cached. Sliding-window layers record
+the columns they would drop (``activate_past_recording``) during such a forward, so a rejected
+token never takes an older column out of the window.
 """
 
 from __future__ import annotations
@@ -27,8 +35,9 @@ from typing import Any
 RowCache = list[tuple[Any, Any] | None]
 
 
-def row_of(cache: Any, row: int, length: int) -> RowCache:
-    """Views of row ``row``'s real entries in a (batch) cache whose rows are right-aligned."""
+def row_of(cache: Any, row: int, length: int, drop: int = 0) -> RowCache:
+    """Views of row ``row``'s real entries in a (batch) cache whose rows are right-aligned, without
+    its last ``drop`` (the columns of rejected drafts)."""
     parts: RowCache = []
     for layer in cache.layers:
         if not layer.is_initialized or layer.keys.numel() == 0:
@@ -36,7 +45,8 @@ def row_of(cache: Any, row: int, length: int) -> RowCache:
             continue
         stored = layer.keys.shape[-2]
         n = min(length, stored)
-        parts.append((layer.keys[row, :, stored - n :, :], layer.values[row, :, stored - n :, :]))
+        end = stored - drop
+        parts.append((layer.keys[row, :, stored - n : end, :], layer.values[row, :, stored - n : end, :]))
     return parts
 
 
@@ -115,23 +125,47 @@ class DecodeBatch:
         else:
             self.cache = self.mask = None
 
-    def inputs(self, last_tokens: list[int], device: Any) -> dict[str, Any]:
-        """The batched forward's arguments: one new token per row after its own cache."""
+    def inputs(self, rows: list[list[int]], device: Any) -> dict[str, Any]:
+        """The batched forward's arguments: each row's new tokens (as many in every row: its last
+        token, then any drafts) after its own cache."""
         import torch
 
-        assert len(last_tokens) == len(self.members), "one token per row"
-        ones = torch.ones(len(self.members), 1, dtype=self.mask.dtype, device=self.mask.device)
+        assert len(rows) == len(self.members), "one row of tokens per member"
+        width = len(rows[0])
+        assert width >= 1 and all(len(row) == width for row in rows), "as many tokens in every row"
+        if width > 1:  # rejected drafts must not push older columns out of a sliding window
+            for layer in self.cache.layers:
+                if getattr(layer, "is_sliding", False):
+                    layer.activate_past_recording()
+        ones = torch.ones(len(self.members), width, dtype=self.mask.dtype, device=self.mask.device)
         return {
-            "input_ids": torch.tensor([[t] for t in last_tokens], device=device),
+            "input_ids": torch.tensor(rows, device=device),
             "attention_mask": torch.cat([self.mask, ones], dim=1).to(device),
-            "position_ids": torch.tensor([[n] for n in self.lengths], device=device),
+            "position_ids": torch.tensor(
+                [[n + i for i in range(width)] for n in self.lengths], device=device
+            ),
             "past_key_values": self.cache,
         }
 
-    def advanced(self, inputs: dict[str, Any]) -> None:
-        """After the forward on ``inputs``: every row's cache grew by its token."""
-        self.mask = inputs["attention_mask"]
-        self.lengths = [n + 1 for n in self.lengths]
+    def advanced(self, inputs: dict[str, Any], kept: list[int] | None = None) -> None:
+        """After the forward on ``inputs``: every row's cache grew by its tokens, of which row ``b``
+        keeps the first ``kept[b]`` (default: all); the others' columns are dropped (one copy of
+        the cache, only when some row keeps fewer than it computed)."""
+        width = inputs["input_ids"].shape[1]
+        grown = [n + width for n in self.lengths]
+        kept = kept if kept is not None else [width] * len(grown)
+        assert len(kept) == len(grown) and all(1 <= k <= width for k in kept), "each row keeps 1..width"
+        if all(k == width for k in kept):
+            self.mask = inputs["attention_mask"]
+            self.lengths = grown
+            for layer in self.cache.layers:
+                if getattr(layer, "record_past", False):
+                    layer.crop(0)  # back to the window's columns
+                    layer.record_past = False
+            return
+        rows = [row_of(self.cache, b, n, width - k) for b, (n, k) in enumerate(zip(grown, kept, strict=True))]
+        self.lengths = [n - width + k for n, k in zip(grown, kept, strict=True)]
+        self.cache, self.mask = stack_rows(self.config, rows, self.lengths)
 
     def clear(self) -> None:
         """Drop every row (after a failed forward left the cache inconsistent)."""

@@ -14,6 +14,13 @@ tokens, shared by its new sequences in the order they joined (each continues its
 where its last chunk ended; one whose share is 0 waits for a step with room). A long prompt then
 delays the decoding batch by one chunk per step rather than by its whole prefill.
 
+With a ``drafter`` and ``speculate`` = k, each decoding sequence carries up to k drafted tokens into
+the batched forward, which computes the model's logits after its last token and after each draft
+at once (every MoE layer's rows for all of them in the same coalesced invokes);
+:func:`~moeless.serving.speculation.verify` keeps the drafts the model agrees with and one token
+more, and the batch drops the cache columns of the rest. Greedy output is the same as without
+drafts; sampled output has the same distribution.
+
 An unchunked prefill is exactly ``generate``'s, a chunked one equal to it up to float rounding (the
 attention over the cache in pieces); the batched decode is ``generate``'s left-padded batch (mask
 and position ids), equal to one-at-a-time decoding up to float rounding (see docs/serving.md
@@ -35,6 +42,8 @@ from typing import Any, Protocol
 
 from moeless.serving.coalesce import StepCoalescer
 from moeless.serving.decode_batch import DecodeBatch
+from moeless.serving.drafting import Draft, Drafter
+from moeless.serving.speculation import target_probs, verify
 from moeless.serving.stats import ServingStats
 
 REPLACEMENT_CHAR = "\ufffd"  # an incomplete UTF-8 sequence at the end of the decoded text
@@ -115,6 +124,7 @@ class Sequence:
     cache: Any = None  # its own KV cache between its prefill and joining the decode batch
     prefilled: int = 0  # prompt tokens in ``cache`` (its prefill is complete at len(prompt_ids))
     logits: Any = None
+    accepted: list[int] = field(default_factory=list)  # tokens a verification forward produced
     generator: Any = None
     submitted_at: float = field(default_factory=time.perf_counter)
     done: threading.Event = field(default_factory=threading.Event)
@@ -126,17 +136,8 @@ def sample_token(logits: Any, params: SamplingParams, generator: Any) -> int:
 
     if params.temperature == 0:
         return int(torch.argmax(logits))
-    # shifted so the largest logit is 0: a tiny temperature sends the others to -inf, never the
-    # softmax to nan (float64, so that 1e-30 still keeps every near-tie apart)
-    scaled = (logits.double() - logits.double().max()) / params.temperature
-    probs = torch.softmax(scaled, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = torch.sort(probs, descending=True)
-        outside = torch.cumsum(sorted_probs, dim=-1) - sorted_probs >= params.top_p
-        outside[0] = False  # the most likely token stays, however small top_p is
-        sorted_probs[outside] = 0.0
-        probs = torch.zeros_like(probs).scatter_(0, order, sorted_probs)
-    return int(torch.multinomial(probs / probs.sum(), 1, generator=generator))
+    probs = target_probs(logits, params.temperature, params.top_p)
+    return int(torch.multinomial(probs, 1, generator=generator))
 
 
 def token_logprob(logits: Any, token: int) -> float:
@@ -184,6 +185,8 @@ class GenerationEngine:
         prewarm: the router hook, called as a request is admitted.
         prefill_chunk: prompt tokens per step across its new sequences (chunked prefill);
             ``None``: each new sequence's whole prompt in its first step.
+        drafter: proposes each decoding sequence's next tokens (``None``: no speculation).
+        speculate: the most drafted tokens a sequence carries into one forward (0: off).
     """
 
     def __init__(
@@ -197,10 +200,16 @@ class GenerationEngine:
         stats: ServingStats | None = None,
         prewarm: PrewarmHook | None = None,
         prefill_chunk: int | None = None,
+        drafter: Drafter | None = None,
+        speculate: int = 0,
     ) -> None:
         if prefill_chunk is not None and prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be at least 1 token, not {prefill_chunk}")
+        if speculate < 0 or (speculate and drafter is None):
+            raise ValueError(f"speculate must be 0, or at least 1 with a drafter, not {speculate}")
         self.model = model
+        self.drafter = drafter if speculate else None
+        self.speculate = speculate
         self.prefill_chunk = prefill_chunk
         self.tokenizer = tokenizer
         self.coalescer = coalescer
@@ -411,15 +420,65 @@ class GenerationEngine:
             sequence.logits = out.logits[0, -1].float().cpu()
 
     def _decode(self, decoding: list[Sequence]) -> None:
-        """One token for every decoding sequence, in one forward over the stacked caches."""
-        inputs = self._decoding.inputs([s.generated[-1] for s in decoding], self.device)
-        out = self._forward([s.routing for s in decoding], **inputs)
-        self._decoding.advanced(inputs)
-        logits = out.logits[:, -1].float().cpu()
-        for row, sequence in enumerate(decoding):
-            sequence.logits = logits[row]
+        """One token for every decoding sequence, in one forward over the stacked caches; with a
+        drafter, each sequence's drafts verified in that forward too."""
+        drafts = self._drafts(decoding)
+        width = 1 + max((len(d.tokens) for d in drafts), default=0)
+        rows = [
+            [s.generated[-1], *_padded(d.tokens, width - 1, s.generated[-1])]
+            for s, d in zip(decoding, drafts, strict=True)
+        ]
+        inputs = self._decoding.inputs(rows, self.device)
+        routing = [s.routing for s in decoding for _ in range(width)]  # one per token row, row-major
+        out = self._forward(routing, logits_to_keep=width, **inputs)
+        logits = out.logits[:, -width:].float().cpu()
+        if self.drafter is None:
+            self._decoding.advanced(inputs)
+            for row, sequence in enumerate(decoding):
+                sequence.logits = logits[row, -1]
+            return
+        kept = []
+        for row, (sequence, draft) in enumerate(zip(decoding, drafts, strict=True)):
+            proposed = rows[row][1:]
+            probs = [
+                *(draft.probs or [None] * len(draft.tokens)),
+                *[None] * (len(proposed) - len(draft.tokens)),
+            ]
+            params = sequence.params
+            tokens = verify(
+                logits[row], proposed, params.temperature, params.top_p, sequence.generator, probs
+            )
+            sequence.accepted, sequence.logits = tokens, logits[row, : len(tokens)]
+            kept.append(len(tokens))
+            self.stats.inc("draft_tokens_proposed", len(draft.tokens))
+            self.stats.inc("draft_tokens_accepted", min(len(tokens) - 1, len(draft.tokens)))
+        self.stats.inc("verification_forwards")
+        self._decoding.advanced(inputs, kept)
 
-    def _forward(self, routing: dict[int, Any] | list[dict[int, Any]], **inputs: Any) -> Any:
+    def _drafts(self, decoding: list[Sequence]) -> list[Draft]:
+        """Each decoding sequence's drafts: at most ``speculate``, and fewer than the tokens it may
+        still generate (the token after the drafts is generated too)."""
+        if self.drafter is None:
+            return [Draft() for _ in decoding]
+        k = min(self.speculate, max(s.params.max_tokens - len(s.generated) - 1 for s in decoding))
+        if k < 1:
+            return [Draft() for _ in decoding]
+        drafts = self.drafter.propose(
+            [s.prompt_ids + s.generated for s in decoding],
+            k,
+            [s.params for s in decoding],
+            [s.generator for s in decoding],
+        )
+        for sequence, draft in zip(decoding, drafts, strict=True):
+            room = max(0, sequence.params.max_tokens - len(sequence.generated) - 1)
+            del draft.tokens[room:]
+            if draft.probs is not None:
+                del draft.probs[room:]
+        return drafts
+
+    def _forward(
+        self, routing: dict[int, Any] | list[dict[int, Any]], logits_to_keep: int = 1, **inputs: Any
+    ) -> Any:
         """One model forward as a step participant (``routing``: per sequence, or per token row)."""
         import torch
 
@@ -430,21 +489,32 @@ class GenerationEngine:
             if not torch.is_tensor(inputs["input_ids"]):
                 inputs["input_ids"] = torch.tensor(inputs["input_ids"], device=self.device)
             with torch.inference_mode():
-                return self.model(**inputs, use_cache=True, logits_to_keep=1)
+                return self.model(**inputs, use_cache=True, logits_to_keep=logits_to_keep)
         finally:
             self._backbone.release()
             if self.coalescer is not None:
                 self.coalescer.leave()
 
     def _advance(self, sequence: Sequence) -> None:
-        token = sample_token(sequence.logits, sequence.params, sequence.generator)
-        if token in self.eos_ids:
-            sequence.logits = None
-            self._finish(sequence, "stop")
+        """Generate the sequence's next token, or the tokens its verification forward accepted."""
+        if sequence.accepted:
+            tokens, rows = sequence.accepted, sequence.logits
+            sequence.accepted, sequence.logits = [], None
+            for token, logits in zip(tokens, rows, strict=True):
+                if self._emit(sequence, token, logits):
+                    return
             return
+        token = sample_token(sequence.logits, sequence.params, sequence.generator)
+        logits, sequence.logits = sequence.logits, None
+        self._emit(sequence, token, logits)
+
+    def _emit(self, sequence: Sequence, token: int, logits: Any) -> bool:
+        """Append ``token`` (chosen from ``logits``), stream what is safe; True once finished."""
+        if token in self.eos_ids:
+            self._finish(sequence, "stop")
+            return True
         if sequence.params.logprobs:
-            sequence.logprobs.append(token_logprob(sequence.logits, token))
-        sequence.logits = None
+            sequence.logprobs.append(token_logprob(logits, token))
         sequence.generated.append(token)
         text = self.tokenizer.decode(sequence.generated, skip_special_tokens=True)
         stops = sequence.params.stop
@@ -452,17 +522,18 @@ class GenerationEngine:
         if hits:
             sequence.text = text[: min(hits)]
             self._finish(sequence, "stop")
-            return
+            return True
         sequence.text = text
         if len(sequence.generated) >= sequence.params.max_tokens:
             self._finish(sequence, "length")
-            return
+            return True
         safe = len(text.rstrip(REPLACEMENT_CHAR)) - stop_holdback(text, stops)
         if safe > sequence.emitted:
             sequence.on_event(
                 Event("text", text[sequence.emitted : safe], logprobs=self._unreported(sequence))
             )
             sequence.emitted = safe
+        return False
 
     @staticmethod
     def _unreported(sequence: Sequence) -> list[tuple[int, float]]:
@@ -494,3 +565,9 @@ class GenerationEngine:
         self.stats.inc("requests_failed")
         sequence.done.set()
         sequence.on_event(Event("error", text=message))
+
+
+def _padded(tokens: list[int], width: int, filler: int) -> list[int]:
+    """``tokens`` filled up to ``width`` with guesses of ``filler`` (its last token, else ``filler``):
+    every row of a step has as many tokens; a filler is verified like any draft."""
+    return [*tokens, *[tokens[-1] if tokens else filler] * (width - len(tokens))]

@@ -289,7 +289,7 @@ def test_decode_batch_rebuild_keeps_order_and_drops_leavers():
 
     batch = DecodeBatch(config)
     batch.rebuild([], [("a", one_row(3, 1.0), 3), ("b", one_row(5, 2.0), 5)])
-    inputs = batch.inputs([10, 11], "cpu")
+    inputs = batch.inputs([[10], [11]], "cpu")
     assert inputs["position_ids"].tolist() == [[3], [5]] and inputs["attention_mask"].shape == (2, 6)
     batch.cache.layers[0].update(torch.zeros(2, 2, 1, 4), torch.zeros(2, 2, 1, 4))  # what the forward adds
     batch.advanced(inputs)

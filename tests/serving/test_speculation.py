@@ -1,0 +1,156 @@
+"""Speculative decoding: drafts verified in one forward give the tokens decoding one at a time gives.
+
+Greedy: token-identical to ``generate`` (up to the near-tie rule of test_batched_decode.py) with
+each drafter on two architectures, one with sliding-window layers; the cache after a rejection is
+what one-at-a-time decoding caches; speculative sampling keeps the model's distribution.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from moeless.contracts.manifest import load_manifest
+from moeless.experts.runtime import OnnxExpertPool
+from moeless.model.reference import eos_token_ids
+from moeless.model.split import load_split_model
+from moeless.serving.coalesce import StepCoalescer
+from moeless.serving.drafting import PromptLookupDrafter, lookup_continuation
+from moeless.serving.generation import GenerationEngine
+from moeless.serving.speculation import target_probs, verify
+from tests.serving.test_batched_decode import (
+    MAX_TOKENS,
+    PROMPTS,
+    assert_greedy_equal,
+    engine_tokens,
+    reference,
+    run_staggered,
+)
+
+
+def test_prompt_lookup_continues_the_latest_earlier_occurrence_of_the_longest_tail():
+    assert lookup_continuation([1, 2, 3, 9, 1, 2, 3, 7, 5, 1, 2, 3], 2) == [7, 5]
+    assert lookup_continuation([4, 5, 6, 8, 6], 3) == [8, 6]  # only the last token matches
+    assert lookup_continuation([1, 2, 3], 4) == []
+    assert lookup_continuation([1, 2, 1], 0) == []
+
+
+def test_greedy_verification_keeps_drafts_up_to_the_first_disagreement_then_the_models_token():
+    import torch
+
+    logits = torch.full((4, 6), -1.0)
+    for position, best in enumerate([3, 1, 4, 2]):
+        logits[position, best] = 1.0
+    assert verify(logits, [3, 1, 4], 0.0, 1.0) == [3, 1, 4, 2]
+    assert verify(logits, [3, 5, 4], 0.0, 1.0) == [3, 1]
+    assert verify(logits[:1], [], 0.0, 1.0) == [3]
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "gpt_oss"])
+def test_prompt_lookup_speculation_is_token_identical_to_generate(tiny, arch):
+    from transformers import AutoTokenizer
+
+    model_dir, artifacts = tiny.model(arch), tiny.package(arch)
+    expected = reference(model_dir, PROMPTS, MAX_TOKENS)
+    coalescer = StepCoalescer(OnnxExpertPool(artifacts, load_manifest(artifacts)))
+    model = load_split_model(artifacts, coalescer)
+    tokenizer = AutoTokenizer.from_pretrained(artifacts / "backbone")
+    eos = eos_token_ids(model)
+    engine = GenerationEngine(
+        model, tokenizer, coalescer, eos, max_batch=8, drafter=PromptLookupDrafter(), speculate=4
+    )
+    try:
+        sequences = run_staggered(engine, tokenizer, PROMPTS, MAX_TOKENS)
+    finally:
+        engine.stop()
+    (eos_id,) = eos
+    for want, sequence in zip(expected, sequences, strict=True):
+        assert_greedy_equal(want, engine_tokens(sequence, eos_id))
+    counters = engine.stats.snapshot()["counters"]
+    assert counters["verification_forwards"] > 0 and counters["draft_tokens_proposed"] > 0
+    print(counters)
+
+
+def test_a_rejected_draft_leaves_the_cache_one_at_a_time_decoding_leaves(tiny):
+    """GIVEN two sequences decoding together on GPT-OSS, the long one (its sliding-window layers
+    full) with its second draft wrong, the other with both right; WHEN verified in one
+    forward and rolled back: each row's cache and the next step's logits are one-at-a-time's."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+
+    from moeless.serving.decode_batch import DecodeBatch, row_of
+
+    model_dir = tiny.model("gpt_oss")
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    prompts = [tokenizer(PROMPTS[3])["input_ids"], tokenizer(PROMPTS[0])["input_ids"]]
+    assert len(prompts[0]) > model.config.sliding_window > len(prompts[1])
+
+    def one_at_a_time(ids: list[int], steps: int):
+        """Greedy tokens, the cache after feeding ``steps`` of them, and the logits after that."""
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            out = model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
+            tokens = [int(out.logits[0, -1].argmax())]
+            for _ in range(steps):
+                out = model(torch.tensor([[tokens[-1]]]), past_key_values=cache, use_cache=True)
+                tokens.append(int(out.logits[0, -1].argmax()))
+        return tokens, cache, out.logits[0, -1]
+
+    batch = DecodeBatch(model.config)
+    joining = []
+    for name, ids in zip("ab", prompts, strict=True):
+        cache = DynamicCache(config=model.config)
+        with torch.inference_mode():
+            model(torch.tensor([ids]), past_key_values=cache, use_cache=True)
+        joining.append((name, cache, len(ids)))
+    batch.rebuild([], joining)
+    greedy = [one_at_a_time(ids, 3)[0] for ids in prompts]
+    rows = [[greedy[0][0], greedy[0][1], greedy[0][2] + 1], greedy[1][:3]]  # a's second draft is wrong
+    inputs = batch.inputs(rows, "cpu")
+    with torch.inference_mode():
+        out = model(**inputs, use_cache=True, logits_to_keep=3)
+    accepted = [verify(out.logits[b], rows[b][1:], 0.0, 1.0) for b in range(2)]
+    assert accepted == [greedy[0][1:3], greedy[1][1:4]]
+    batch.advanced(inputs, [len(a) for a in accepted])
+    for b, ids in enumerate(prompts):
+        fed = len(accepted[b])  # the row's last token and its accepted drafts are cached
+        _tokens, cache, _logits = one_at_a_time(ids, fed)
+        assert batch.lengths[b] == len(ids) + fed
+        for got, want in zip(row_of(batch.cache, b, batch.lengths[b]), cache.layers, strict=True):
+            assert got is not None
+            keys = want.keys[0]
+            torch.testing.assert_close(got[0][:, -keys.shape[-2] :], keys, atol=1e-5, rtol=1e-4)
+    # and the next plain step sees what one-at-a-time decoding sees
+    nexts = [[a[-1]] for a in accepted]
+    inputs = batch.inputs(nexts, "cpu")
+    with torch.inference_mode():
+        out = model(**inputs, use_cache=True)
+    batch.advanced(inputs)
+    for b, ids in enumerate(prompts):
+        *_, logits = one_at_a_time(ids, len(accepted[b]) + 1)
+        torch.testing.assert_close(out.logits[b, -1], logits, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("draft_q", [None, [0.5, 0.1, 0.1, 0.2, 0.1]], ids=["one-hot draft", "sampled draft"])
+def test_speculative_sampling_keeps_the_models_distribution(draft_q):
+    """Over many seeded verifications of one draft, the first token generated is distributed as
+    the model's p (temperature 0.8, top-p 0.95), whatever the draft and its q."""
+    import torch
+
+    logits = torch.tensor([[2.0, 1.0, 0.5, 1.5, -1.0], [0.0, 0.3, 2.0, 0.1, 0.2]])
+    p = target_probs(logits[0], 0.8, 0.95)
+    q = None if draft_q is None else torch.tensor(draft_q, dtype=torch.float64)
+    samples = 20_000
+    counts = torch.zeros(5)
+    for seed in range(samples):
+        generator = torch.Generator().manual_seed(seed)
+        draft = 3 if q is None else int(torch.multinomial(q, 1, generator=generator))
+        first = verify(logits, [draft], 0.8, 0.95, generator, None if q is None else [q])[0]
+        counts[first] += 1
+    expected = p.float() * samples
+    seen = expected > 0
+    assert counts[~seen].sum() == 0, "a token outside the nucleus was generated"
+    chi2 = float(((counts[seen] - expected[seen]) ** 2 / expected[seen]).sum())
+    assert chi2 < 18.5, (
+        f"chi-square {chi2:.1f} on {int(seen.sum()) - 1} dof (p < 0.001): {counts} vs {expected}"
+    )
