@@ -48,6 +48,7 @@ class _ServingCollector:
         yield tokens
         for key, (name, help_text) in EXPERT_COUNTERS.items():
             yield CounterMetricFamily(name, help_text, value=counters.get(key, 0))
+        yield from _speculation(counters)
         dispatch = HistogramMetricFamily(
             "moeless_layer_dispatch_seconds",
             "Time to run one MoE layer's experts (all sequences of a step)",
@@ -71,6 +72,34 @@ class _ServingCollector:
         load.add_metric(["active"], active)
         load.add_metric(["waiting"], waiting)
         yield load
+
+
+def _speculation(counters: dict[str, float]) -> Iterator[Metric]:
+    """Decode forwards and the tokens they generated (their ratio: tokens per forward, above 1 with
+    speculation), and the drafter's acceptance per draft position."""
+    yield CounterMetricFamily(
+        "moeless_decode_forwards", "Batched decode forwards (each verifies its sequences' drafts)",
+        value=counters.get("decode_forwards", 0),
+    )  # fmt: skip
+    yield CounterMetricFamily(
+        "moeless_decode_tokens",
+        "Tokens the decode forwards generated",
+        value=counters.get("decode_tokens", 0),
+    )
+    drafts = CounterMetricFamily("moeless_draft_tokens", "Drafted tokens by outcome", labels=["outcome"])
+    for outcome in ("proposed", "accepted"):
+        drafts.add_metric([outcome], counters.get(f"draft_tokens_{outcome}", 0))
+    yield drafts
+    positions = CounterMetricFamily(
+        "moeless_draft_position",
+        "Drafts verified at each position with every earlier one accepted (tried), and kept (accepted)",
+        labels=["position", "outcome"],
+    )
+    for key, value in sorted(counters.items()):
+        if key.startswith(("draft_tried_", "draft_accepted_")):
+            outcome, position = key.removeprefix("draft_").split("_")
+            positions.add_metric([position, outcome], value)
+    yield positions
 
 
 def metrics_text(backbone: Backbone) -> tuple[bytes, str]:

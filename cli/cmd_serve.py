@@ -64,6 +64,18 @@ if TYPE_CHECKING:
     help="Chunked prefill: prompt tokens per step, shared by its new sequences, so a long prompt "
     "stalls the decoding batch one chunk at a time [default: the plan's, else whole prompts].",
 )
+@click.option(
+    "--speculate",
+    type=click.IntRange(0, 16),
+    help="Drafted tokens each decoding sequence carries into one forward, verified there (0: off): "
+    "fewer round trips per token, the same tokens [default: the plan's, else 0].",
+)
+@click.option(
+    "--draft-model",
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="With --speculate: a small causal LM with this model's tokenizer drafts the tokens "
+    "[default: prompt lookup, n-grams of the text so far].",
+)
 @click.option("--model-name", help="The `model` clients name [default: the artifacts folder's name].")
 @click.option(
     "--max-tokens-limit",
@@ -111,6 +123,8 @@ def serve(
     device: str,
     max_batch: int,
     prefill_chunk: int | None,
+    speculate: int | None,
+    draft_model: Path | None,
     model_name: str | None,
     max_tokens_limit: int,
     predictor_trace: Path | None,
@@ -136,6 +150,8 @@ def serve(
 
     if local and lambda_endpoint:
         raise click.UsageError("--local starts its own Lambda host: drop --lambda-endpoint")
+    if draft_model is not None and speculate == 0:
+        raise click.UsageError("--draft-model drafts for --speculate K: give K >= 1 or drop --draft-model")
     config = BackboneConfig(
         artifacts,
         plan_path,
@@ -145,6 +161,8 @@ def serve(
         model_name=model_name,
         max_batch=max_batch,
         prefill_chunk=prefill_chunk,
+        speculate=speculate,
+        draft_model=draft_model,
         max_tokens_limit=max_tokens_limit,
         replan_interval_s=replan_interval,
         predictor_trace=predictor_trace,

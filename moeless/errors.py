@@ -44,3 +44,7 @@ class ModelShapeError(MoelessError):
 
 class CatalogueError(MoelessError):
     """An instance catalogue is malformed, or no fleet of it holds what is asked."""
+
+
+class DraftModelError(MoelessError):
+    """A draft model that cannot draft for the served model (another tokenizer, not a causal LM)."""

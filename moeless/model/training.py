@@ -17,6 +17,7 @@ import math
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from moeless.model.tiny import SPECIAL_TOKENS, TinySpec, python_doc_text, tiny_config, train_tokenizer
 
@@ -59,7 +60,6 @@ def train_model(
 ) -> TrainReport:
     """Train and save a checkpoint (config, weights, tokenizer, report) to ``out_dir``."""
     import torch
-    from tqdm import tqdm
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     text = "\n\n".join(p.read_text(errors="replace") for p in texts) if texts else python_doc_text()
@@ -86,8 +86,37 @@ def train_model(
         raise ValueError(f"the text is too short to train on ({len(ids)} tokens)")
 
     torch.manual_seed(spec.seed)
-    generator = torch.Generator().manual_seed(spec.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fit = _fit(model, train_ids, spec, progress, output_router_logits=True)
+    perplexity = heldout_perplexity(model, heldout_ids, spec.seq_len)
+    model.generation_config = GenerationConfig(
+        bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False
+    )
+    out_dir = Path(out_dir)
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    report = TrainReport(
+        fit.steps, fit.seconds, fit.loss, perplexity, len(heldout_ids), len(train_ids), source, fit.stopped,
+        asdict(spec),
+    )  # fmt: skip
+    (out_dir / REPORT_NAME).write_text(json.dumps(asdict(report), indent=2))
+    return report
+
+
+@dataclass(frozen=True)
+class _Fit:
+    steps: int
+    seconds: float
+    loss: float
+    stopped: bool
+
+
+def _fit(model: Any, train_ids: Any, spec: TrainSpec | DraftSpec, progress: bool, **forward: Any) -> _Fit:
+    """AdamW with warm-up and cosine decay over ``spec.steps`` batches of random windows."""
+    import torch
+    from tqdm import tqdm
+
+    generator = torch.Generator().manual_seed(spec.seed)
     optimizer = torch.optim.AdamW(model.parameters(), lr=spec.learning_rate, weight_decay=0.01)
     warmup = max(1, spec.steps // 20)
 
@@ -104,7 +133,7 @@ def train_model(
     for step in bar:
         starts = torch.randint(0, len(train_ids) - spec.seq_len - 1, (spec.batch,), generator=generator)
         batch = torch.stack([train_ids[s : s + spec.seq_len] for s in starts.tolist()])
-        out = model(input_ids=batch, labels=batch, output_router_logits=True)
+        out = model(input_ids=batch, labels=batch, **forward)
         optimizer.zero_grad(set_to_none=True)
         out.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -117,24 +146,62 @@ def train_model(
             stopped = True
             break
     bar.close()
+    return _Fit(steps_done, round(time.perf_counter() - started, 1), loss_value, stopped)
+
+
+@dataclass(frozen=True)
+class DraftSpec:
+    """A small dense model (Llama blocks) that drafts for a trained MoE: same tokenizer, same text."""
+
+    layers: int = 2
+    hidden: int = 96
+    intermediate: int = 256
+    seq_len: int = 128
+    batch: int = 16
+    steps: int = 600
+    learning_rate: float = 3e-3
+    seed: int = 0
+    minutes: float | None = None
+
+
+def train_draft_model(
+    out_dir: Path, target_dir: Path, spec: DraftSpec = DraftSpec(), texts: list[Path] | None = None,
+    progress: bool = True,
+) -> TrainReport:  # fmt: skip
+    """Train a dense draft for the model in ``target_dir`` on the same text, with its tokenizer, so
+    that ``serve --draft-model`` can verify its guesses token for token."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig
+
+    text = "\n\n".join(p.read_text(errors="replace") for p in texts) if texts else python_doc_text()
+    source = ", ".join(str(p) for p in texts) if texts else "pydoc_data (Python's own documentation)"
+    tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
+    target = AutoConfig.from_pretrained(target_dir, local_files_only=True)
+    config = LlamaConfig(
+        vocab_size=target.vocab_size, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+        num_hidden_layers=spec.layers, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=target.max_position_embeddings, bos_token_id=target.bos_token_id,
+        eos_token_id=target.eos_token_id, pad_token_id=target.pad_token_id, tie_word_embeddings=True,
+        initializer_range=min(0.1, spec.hidden**-0.5),
+    )  # fmt: skip
+    ids = torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)
+    cut = int(len(ids) * 0.95)
+    train_ids, heldout_ids = ids[:cut], ids[cut:]
+    torch.manual_seed(spec.seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    fit = _fit(model, train_ids, spec, progress)
     perplexity = heldout_perplexity(model, heldout_ids, spec.seq_len)
     model.generation_config = GenerationConfig(
-        bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False
-    )
+        bos_token_id=target.bos_token_id, eos_token_id=target.eos_token_id,
+        pad_token_id=target.pad_token_id, do_sample=False,
+    )  # fmt: skip
     out_dir = Path(out_dir)
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
     report = TrainReport(
-        steps_done,
-        round(time.perf_counter() - started, 1),
-        loss_value,
-        perplexity,
-        len(heldout_ids),
-        len(train_ids),
-        source,
-        stopped,
+        fit.steps, fit.seconds, fit.loss, perplexity, len(heldout_ids), len(train_ids), source, fit.stopped,
         asdict(spec),
-    )
+    )  # fmt: skip
     (out_dir / REPORT_NAME).write_text(json.dumps(asdict(report), indent=2))
     return report
 
@@ -164,4 +231,16 @@ def trained_model(
     if report.is_file() and json.loads(report.read_text()).get("spec") == asdict(spec):
         return out
     train_model(out, spec, texts, progress=progress)
+    return out
+
+
+def trained_draft(
+    target_dir: Path, spec: DraftSpec = DraftSpec(), texts: list[Path] | None = None, progress: bool = True
+) -> Path:
+    """The cached draft of the trained model in ``target_dir`` (beside it): trained once."""
+    out = Path(target_dir).parent / f"{Path(target_dir).name}-draft-s{spec.seed}-{spec.steps}"
+    report = out / REPORT_NAME
+    if report.is_file() and json.loads(report.read_text()).get("spec") == asdict(spec):
+        return out
+    train_draft_model(out, target_dir, spec, texts, progress=progress)
     return out

@@ -68,6 +68,10 @@ class BackboneConfig:
             fallback needs and the cache lacks is fetched from it.
         fallback_cache_bytes: most bytes of fallback experts kept (least recently used out
             first); ``None``: no bound.
+        speculate: drafted tokens each decoding sequence carries into a forward (0: off);
+            ``None``: the plan's (``params.deployment.speculate``), else 0.
+        draft_model: a small causal LM with the served model's tokenizer that drafts them;
+            ``None``: prompt lookup (n-grams of the text so far, no model).
     """
 
     artifacts: Path
@@ -91,6 +95,8 @@ class BackboneConfig:
     function_prefix: str = ""
     experts_source: str | None = None
     fallback_cache_bytes: int | None = None
+    speculate: int | None = None
+    draft_model: Path | None = None
 
 
 def resolve_device(device: str) -> str:
@@ -179,7 +185,21 @@ class Backbone:
             stats=self.stats,
             prewarm=self.prewarmer,
             prefill_chunk=config.prefill_chunk or self.planned_prefill_chunk(),
+            **self._speculation(config),
         )
+
+    def _speculation(self, config: BackboneConfig) -> dict[str, Any]:
+        """The engine's drafter and its ``speculate`` (none when it is 0)."""
+        from moeless.serving.drafting import ModelDrafter, PromptLookupDrafter
+
+        planned = (self.plan.params.get("deployment") or {}).get("speculate") or 0
+        k = int(planned if config.speculate is None else config.speculate)
+        if k == 0:
+            return {}
+        if config.draft_model is None:
+            return {"drafter": PromptLookupDrafter(), "speculate": k}
+        drafter = ModelDrafter(config.draft_model, self.device, self.tokenizer.get_vocab())
+        return {"drafter": drafter, "speculate": k}
 
     def planned_prefill_chunk(self) -> int | None:
         """The prefill chunk the plan's concurrency was sized for (``None``: whole prompts)."""

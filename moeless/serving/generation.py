@@ -42,7 +42,7 @@ from typing import Any, Protocol
 
 from moeless.serving.coalesce import StepCoalescer
 from moeless.serving.decode_batch import DecodeBatch
-from moeless.serving.drafting import Draft, Drafter
+from moeless.serving.drafting import Draft, Drafter, DraftRequest
 from moeless.serving.speculation import target_probs, verify
 from moeless.serving.stats import ServingStats
 
@@ -306,6 +306,7 @@ class GenerationEngine:
         self._active = [s for s in self._active if not s.done.is_set()]
 
     def _drop(self, sequence: Sequence) -> None:
+        self._release(sequence)
         sequence.cache = None
         sequence.logits = None
         sequence.finish_reason = "cancelled"
@@ -432,10 +433,12 @@ class GenerationEngine:
         routing = [s.routing for s in decoding for _ in range(width)]  # one per token row, row-major
         out = self._forward(routing, logits_to_keep=width, **inputs)
         logits = out.logits[:, -width:].float().cpu()
+        self.stats.inc("decode_forwards")
         if self.drafter is None:
             self._decoding.advanced(inputs)
             for row, sequence in enumerate(decoding):
                 sequence.logits = logits[row, -1]
+            self.stats.inc("decode_tokens", len(decoding))
             return
         kept = []
         for row, (sequence, draft) in enumerate(zip(decoding, drafts, strict=True)):
@@ -450,10 +453,21 @@ class GenerationEngine:
             )
             sequence.accepted, sequence.logits = tokens, logits[row, : len(tokens)]
             kept.append(len(tokens))
-            self.stats.inc("draft_tokens_proposed", len(draft.tokens))
-            self.stats.inc("draft_tokens_accepted", min(len(tokens) - 1, len(draft.tokens)))
-        self.stats.inc("verification_forwards")
+            self.stats.inc("decode_tokens", len(tokens))
+            self._count_acceptance(len(draft.tokens), min(len(tokens) - 1, len(draft.tokens)))
         self._decoding.advanced(inputs, kept)
+
+    def _count_acceptance(self, proposed: int, accepted: int) -> None:
+        """The drafter's acceptance, per draft position ``i`` (1-based): ``draft_tried_i`` counts the
+        drafts at ``i`` verified with every earlier one accepted, ``draft_accepted_i`` those kept;
+        their ratio is the conditional acceptance the simulator replays
+        (:meth:`moeless.simulation.speculation.Acceptance.from_counters`)."""
+        self.stats.inc("draft_tokens_proposed", proposed)
+        self.stats.inc("draft_tokens_accepted", accepted)
+        for position in range(1, min(accepted + 1, proposed) + 1):
+            self.stats.inc(f"draft_tried_{position}")
+            if position <= accepted:
+                self.stats.inc(f"draft_accepted_{position}")
 
     def _drafts(self, decoding: list[Sequence]) -> list[Draft]:
         """Each decoding sequence's drafts: at most ``speculate``, and fewer than the tokens it may
@@ -464,10 +478,13 @@ class GenerationEngine:
         if k < 1:
             return [Draft() for _ in decoding]
         drafts = self.drafter.propose(
-            [s.prompt_ids + s.generated for s in decoding],
+            [
+                DraftRequest(
+                    s.id, s.prompt_ids + s.generated, s.params.temperature, s.params.top_p, s.generator
+                )
+                for s in decoding
+            ],
             k,
-            [s.params for s in decoding],
-            [s.generator for s in decoding],
         )
         for sequence, draft in zip(decoding, drafts, strict=True):
             room = max(0, sequence.params.max_tokens - len(sequence.generated) - 1)
@@ -543,7 +560,12 @@ class GenerationEngine:
         start, sequence.reported = sequence.reported, len(sequence.generated)
         return list(zip(sequence.generated[start:], sequence.logprobs[start:], strict=True))
 
+    def _release(self, sequence: Sequence) -> None:
+        if self.drafter is not None:
+            self.drafter.release(sequence.id)
+
     def _finish(self, sequence: Sequence, reason: str) -> None:
+        self._release(sequence)
         sequence.finish_reason = reason
         sequence.cache = None
         if len(sequence.text) > sequence.emitted:
@@ -560,6 +582,7 @@ class GenerationEngine:
         sequence.on_event(Event("done", finish_reason=reason, logprobs=self._unreported(sequence)))
 
     def _fail(self, sequence: Sequence, message: str) -> None:
+        self._release(sequence)
         sequence.error = message
         sequence.cache = None
         self.stats.inc("requests_failed")
