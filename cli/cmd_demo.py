@@ -22,7 +22,7 @@ import click
 from cli.options import echo_step, quiet_option
 from cli.running import expert_task_root
 from moeless.checkout import SHARED_DATA
-from moeless.demo.steps import PLAN_POLICIES, SIMULATED_S, SLO_FLOOR_FACTOR, SLO_TTFT_MS
+from moeless.demo.steps import PLAN_POLICIES, SIMULATED_S, SLO_FLOOR_FACTOR, SLO_TTFT_MS, SPECULATE
 
 SHARED_PROMPTS = SHARED_DATA / "prompts" / "dev.jsonl"
 STEPS = 7
@@ -74,9 +74,10 @@ def demo(
         same_as_unsplit,
         simulate_policies,
         size_for_demo_slo,
+        speculation_line,
     )
     from moeless.model.packaging import package
-    from moeless.model.training import TrainSpec, trained_model
+    from moeless.model.training import DraftSpec, TrainSpec, trained_draft, trained_model
 
     start = time.perf_counter()
 
@@ -88,6 +89,8 @@ def demo(
 
     step(1, "the demo model: a small Mixtral trained on Python's documentation (cached after the first run)")
     model_dir = trained_model(workdir / "models", TrainSpec(steps=train_steps), progress=not quiet)
+    say("and a small dense draft with its tokenizer, for speculative decoding (cached too)")
+    draft_dir = trained_draft(model_dir, DraftSpec(steps=train_steps), progress=not quiet)
     step(2, "package: backbone + one ONNX file per expert, each checked against torch")
     artifacts = workdir / model_dir.name
     package(model_dir, artifacts, progress=not quiet)
@@ -104,15 +107,17 @@ def demo(
     )
     plans["moeless"], sized = size_for_demo_slo(trace_dir, manifest, workdir / "plans")
     step(5, f"serve the {policy} plan locally and answer prompts through the REST endpoint")
-    answers, bill = _serve_and_ask(
-        artifacts, workdir / "plans" / f"{policy}.json", trace_dir, max_tokens, quiet
+    answers, bill, counters = _serve_and_ask(
+        artifacts, workdir / "plans" / f"{policy}.json", trace_dir, draft_dir, max_tokens, quiet
     )
     step(6, "check the answers token for token against the unsplit model; predict one request's experts")
     same = same_as_unsplit(model_dir, answers, max_tokens)
     prediction = predicted_vs_actual(trace_dir)
     step(7, f"simulate every policy on {SIMULATED_S:.0f} s of bursty traffic replayed from the trace")
     rows, plots = simulate_policies(trace_dir, workdir / "report", {"moeless": plans["moeless"]})
-    report = demo_report(answers, same, prediction, plans, policy, bill, rows, plots, sized)
+    report = demo_report(
+        answers, same, prediction, plans, policy, bill, rows, plots, sized, speculation_line(counters)
+    )
     (workdir / "report").mkdir(parents=True, exist_ok=True)
     (workdir / "report" / "demo.md").write_text(report + "\n")
     click.echo(report)
@@ -121,7 +126,9 @@ def demo(
         raise click.ClickException("the split system's tokens differ from the unsplit model's")
 
 
-def _serve_and_ask(artifacts: Path, plan_path: Path, trace_dir: Path, max_tokens: int, quiet: bool):
+def _serve_and_ask(
+    artifacts: Path, plan_path: Path, trace_dir: Path, draft_dir: Path, max_tokens: int, quiet: bool
+):
     import urllib.request
 
     from backbone_service.local import running_service
@@ -131,7 +138,14 @@ def _serve_and_ask(artifacts: Path, plan_path: Path, trace_dir: Path, max_tokens
     from moeless.serving.backbone import BackboneConfig
 
     plan = load_plan(plan_path)
-    config = BackboneConfig(artifacts, plan_path, predictor_trace=trace_dir, max_batch=8)
+    config = BackboneConfig(
+        artifacts,
+        plan_path,
+        predictor_trace=trace_dir,
+        max_batch=8,
+        speculate=SPECULATE,
+        draft_model=draft_dir,
+    )
 
     def ask(url: str, model: str, prompt: str) -> dict:
         body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
@@ -153,4 +167,5 @@ def _serve_and_ask(artifacts: Path, plan_path: Path, trace_dir: Path, max_tokens
         with ThreadPoolExecutor(len(DEMO_PROMPTS)) as pool:  # concurrent: they share decode steps
             replies = list(pool.map(lambda p: ask(server.url, backbone.model_name, p), DEMO_PROMPTS))
         answers = [(p, r["choices"][0]["text"]) for p, r in zip(DEMO_PROMPTS, replies, strict=True)]
-    return answers, host.meter.snapshot()
+        counters = backbone.stats.snapshot()["counters"]
+    return answers, host.meter.snapshot(), counters

@@ -122,3 +122,48 @@ def train(
         f"held-out perplexity {report.heldout_perplexity:.1f} on {report.heldout_tokens} tokens"
         + (" (stopped by --minutes)" if report.stopped_by_time else "")
     )
+
+
+@model.command("train-draft")
+@click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--target",
+    "target_dir",
+    required=True,
+    type=click.Path(exists=True, file_okay=False, path_type=Path),
+    help="The model it drafts for (a checkpoint folder with its tokenizer): the draft shares it.",
+)
+@click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option("--hidden", type=click.IntRange(min=16), default=128, show_default=True)
+@click.option("--steps", type=click.IntRange(min=1), default=600, show_default=True)
+@click.option(
+    "--text",
+    "texts",
+    multiple=True,
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    help="Train on these files (the target's own text is best) [default: Python's own documentation].",
+)
+@click.option("--seed", type=int, default=0, show_default=True)
+@quiet_option
+def train_draft(
+    out_dir: Path,
+    target_dir: Path,
+    layers: int,
+    hidden: int,
+    steps: int,
+    texts: tuple[Path, ...],
+    seed: int,
+    quiet: bool,
+) -> None:
+    """Train a small dense draft (Llama blocks) with TARGET's tokenizer, for `serve --draft-model`."""
+    from moeless.model.training import DraftSpec, train_draft_model
+
+    spec = DraftSpec(layers=layers, hidden=hidden, intermediate=2 * hidden, steps=steps, seed=seed)
+    echo_step(
+        f"training a dense draft for {target_dir}: {layers} layers, hidden {hidden}, {steps} steps", quiet
+    )
+    report = train_draft_model(out_dir, target_dir, spec, list(texts) or None, progress=not quiet)
+    click.echo(
+        f"{out_dir}: {report.steps} steps in {report.seconds:.0f} s, held-out perplexity "
+        f"{report.heldout_perplexity:.1f}; serve with --speculate K --draft-model {out_dir}"
+    )

@@ -26,6 +26,7 @@ SIMULATED_S = 300.0
 ARRIVAL = "bursty:1:1.8:60"  # the README study's bursty rate: 1/s mean, 1.8x peaks in 60 s cycles
 SLO_FLOOR_FACTOR = 3.0  # the demo's SLO: p99 TPOT at most this many times the Lambda floor,
 SLO_TTFT_MS = 1000.0  # and p99 TTFT at most a second (a cold start on the path breaks it)
+SPECULATE = 4  # drafted tokens each decoding sequence carries into a forward (its trained draft's)
 
 
 def demo_prompts(path: Path) -> list[str]:
@@ -196,6 +197,19 @@ def simulate_policies(
     return [r.summary() for r in results], plots
 
 
+def speculation_line(counters: dict[str, float]) -> str:
+    """What speculation did while serving: tokens per decode forward (1 without it) and how many of
+    the draft's tokens the model kept (empty when nothing was drafted)."""
+    forwards, tokens = counters.get("decode_forwards", 0), counters.get("decode_tokens", 0)
+    proposed, accepted = counters.get("draft_tokens_proposed", 0), counters.get("draft_tokens_accepted", 0)
+    if not forwards or not proposed:
+        return ""
+    return (
+        f"speculation (up to {SPECULATE} drafts per sequence from the dense draft): {tokens / forwards:.2f} "
+        f"tokens per decode forward, {accepted / proposed:.0%} of {proposed:.0f} drafted tokens kept"
+    )
+
+
 def demo_report(
     answers: list[tuple[str, str]],
     same: list[bool],
@@ -206,6 +220,7 @@ def demo_report(
     rows: list[dict[str, Any]],
     plots: list[Path],
     sized: str = "",
+    speculation: str = "",
 ) -> str:
     """The demo's report as Markdown-ish text: answers, prediction, plans, bill, simulation."""
     from moeless.lambda_host.meter import format_bill
@@ -214,6 +229,8 @@ def demo_report(
     for (prompt, text), ok in zip(answers, same, strict=True):
         lines.append(f"  {'same as unsplit' if ok else 'DIFFERENT'}  {prompt!r} -> {text!r}")
     lines.append(f"split system = unsplit model on {sum(same)}/{len(same)} prompts")
+    if speculation:
+        lines.append(speculation)
     prompt, layers = prediction
     lines += ["", f"## Predicted vs actual experts of one request (SPS, held out): {prompt!r}"]
     for layer, predicted, actual in layers:

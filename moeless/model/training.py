@@ -154,8 +154,8 @@ class DraftSpec:
     """A small dense model (Llama blocks) that drafts for a trained MoE: same tokenizer, same text."""
 
     layers: int = 2
-    hidden: int = 96
-    intermediate: int = 256
+    hidden: int = 128
+    intermediate: int = 256  # 2 x hidden
     seq_len: int = 128
     batch: int = 16
     steps: int = 600

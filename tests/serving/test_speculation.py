@@ -195,3 +195,25 @@ def test_a_draft_model_with_another_tokenizer_is_refused(tiny):
     target = AutoTokenizer.from_pretrained(tiny.model("mixtral"))
     with pytest.raises(DraftModelError, match="another tokenizer"):
         ModelDrafter(other, "cpu", target.get_vocab())
+
+
+def test_a_trained_draft_shares_its_targets_tokenizer_and_drafts(tiny, tmp_path):
+    from click.testing import CliRunner
+    from transformers import AutoTokenizer
+
+    from cli.main import cli
+    from moeless.serving.drafting import DraftRequest, ModelDrafter
+
+    target = tiny.model("mixtral")
+    result = CliRunner().invoke(
+        cli, ["model", "train-draft", str(tmp_path / "draft"), "--target", str(target), "--steps", "3", "-q"]
+    )
+    assert result.exit_code == 0, result.output
+    vocab = AutoTokenizer.from_pretrained(target).get_vocab()
+    drafter = ModelDrafter(tmp_path / "draft", "cpu", vocab)
+    (draft,) = drafter.propose([DraftRequest("s", [5, 6, 7])], 3)
+    assert len(draft.tokens) == 3 and draft.probs is None
+    (again,) = drafter.propose([DraftRequest("s", [5, 6, 7, draft.tokens[0]])], 3)  # its cache continues
+    assert again.tokens[:2] == draft.tokens[1:]
+    drafter.release("s")
+    assert not drafter.caches
