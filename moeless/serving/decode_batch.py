@@ -125,15 +125,16 @@ class DecodeBatch:
         else:
             self.cache = self.mask = None
 
-    def inputs(self, rows: list[list[int]], device: Any) -> dict[str, Any]:
+    def inputs(self, rows: list[list[int]], device: Any, keep_past: bool = False) -> dict[str, Any]:
         """The batched forward's arguments: each row's new tokens (as many in every row: its last
-        token, then any drafts) after its own cache."""
+        token, then any drafts) after its own cache. ``keep_past``: a :meth:`trim` may follow
+        even a one-token forward (a drafter's own batch)."""
         import torch
 
         assert len(rows) == len(self.members), "one row of tokens per member"
         width = len(rows[0])
         assert width >= 1 and all(len(row) == width for row in rows), "as many tokens in every row"
-        if width > 1:  # rejected drafts must not push older columns out of a sliding window
+        if width > 1 or keep_past:  # rejected tokens must not push older columns out of a window
             for layer in self.cache.layers:
                 if getattr(layer, "is_sliding", False):
                     layer.activate_past_recording()
@@ -147,24 +148,34 @@ class DecodeBatch:
             "past_key_values": self.cache,
         }
 
-    def advanced(self, inputs: dict[str, Any], kept: list[int] | None = None) -> None:
+    def advanced(self, inputs: dict[str, Any], kept: list[int] | None = None, settle: bool = True) -> None:
         """After the forward on ``inputs``: every row's cache grew by its tokens, of which row ``b``
         keeps the first ``kept[b]`` (default: all); the others' columns are dropped (one copy of
-        the cache, only when some row keeps fewer than it computed)."""
+        the cache, only when some row keeps fewer than it computed). ``settle=False`` leaves sliding
+        windows holding what they would drop, for a :meth:`trim` after more forwards."""
         width = inputs["input_ids"].shape[1]
-        grown = [n + width for n in self.lengths]
-        kept = kept if kept is not None else [width] * len(grown)
-        assert len(kept) == len(grown) and all(1 <= k <= width for k in kept), "each row keeps 1..width"
-        if all(k == width for k in kept):
-            self.mask = inputs["attention_mask"]
-            self.lengths = grown
-            for layer in self.cache.layers:
+        kept = kept if kept is not None else [width] * len(self.lengths)
+        assert len(kept) == len(self.lengths) and all(1 <= k <= width for k in kept), (
+            "each row keeps 1..width"
+        )
+        self.mask = inputs["attention_mask"]
+        self.lengths = [n + width for n in self.lengths]
+        self.trim([width - k for k in kept], settle)
+
+    def trim(self, drops: list[int], settle: bool = True) -> None:
+        """Drop the last ``drops[b]`` cached tokens of each row ``b`` (one copy of the cache when
+        any is dropped; otherwise sliding windows only go back to their own width)."""
+        assert len(drops) == len(self.lengths) and all(
+            0 <= d < n for d, n in zip(drops, self.lengths, strict=True)
+        )
+        if not any(drops):
+            for layer in self.cache.layers if settle else ():
                 if getattr(layer, "record_past", False):
                     layer.crop(0)  # back to the window's columns
                     layer.record_past = False
             return
-        rows = [row_of(self.cache, b, n, width - k) for b, (n, k) in enumerate(zip(grown, kept, strict=True))]
-        self.lengths = [n - width + k for n, k in zip(grown, kept, strict=True)]
+        rows = [row_of(self.cache, b, n, d) for b, (n, d) in enumerate(zip(self.lengths, drops, strict=True))]
+        self.lengths = [n - d for n, d in zip(self.lengths, drops, strict=True)]
         self.cache, self.mask = stack_rows(self.config, rows, self.lengths)
 
     def clear(self) -> None:

@@ -94,8 +94,10 @@ class ModelDrafter:
     a greedy request, else sampled from its own distribution at the request's temperature and
     top-p (which speculative sampling then corrects to the target's).
 
-    Each sequence keeps its KV cache of the draft model between steps; a step feeds only the tokens
-    generated since, drafts, then crops the drafted tokens off again (the target may reject them).
+    The sequences draft together, as the target decodes them (:class:`DecodeBatch`): a step is one
+    forward over the tokens each sequence generated since its last draft (its cache keeps what came
+    before), then ``k - 1`` one-token forwards, then the drafted columns are trimmed off again (the
+    target may reject them). A new sequence's prompt is prefilled alone first.
 
     Args:
         model_dir: a Hugging Face causal LM folder (config, weights, tokenizer).
@@ -109,9 +111,11 @@ class ModelDrafter:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
+        from moeless.serving.decode_batch import DecodeBatch
+
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir, local_files_only=True)
-            self.model = AutoModelForCausalLM.from_pretrained(
+            model = AutoModelForCausalLM.from_pretrained(
                 model_dir, dtype=torch.float32, local_files_only=True
             )
         except (OSError, ValueError) as exc:
@@ -124,53 +128,86 @@ class ModelDrafter:
                 f"({len(tokenizer.get_vocab())} tokens against {len(target_vocab)}, or the same count "
                 "mapped differently): a draft must share the target's tokenizer"
             )
-        self.model = self.model.to(device).eval()
+        self.model = model.to(device).eval()
         self.device = device
-        self.caches: dict[str, tuple[Any, int]] = {}  # key -> (draft cache, tokens it holds)
+        self.batch = DecodeBatch(self.model.config)  # members: sequence keys
 
-    def propose(self, requests: list[DraftRequest], k: int) -> list[Draft]:
-        return [self._draft(request, k) for request in requests]
+    @property
+    def caches(self) -> list[str]:
+        """The sequences whose draft cache is kept."""
+        return list(self.batch.members)
 
     def release(self, key: str) -> None:
-        self.caches.pop(key, None)
+        if key in self.batch.members:
+            keep = [member for member in self.batch.members if member != key]
+            self.batch.rebuild(keep, [])
 
-    def _draft(self, request: DraftRequest, k: int) -> Draft:
+    def propose(self, requests: list[DraftRequest], k: int) -> list[Draft]:
+        import torch
+
+        if k < 1 or not requests:
+            return [Draft() for _ in requests]
+        by_key = {r.key: r for r in requests}
+        with torch.inference_mode():
+            self._join(requests, by_key)
+            # 1. catch up: each row's tokens since its last draft (at least the one generated last)
+            feeds = [
+                by_key[key].context[n:] for key, n in zip(self.batch.members, self.batch.lengths, strict=True)
+            ]
+            width = max(len(feed) for feed in feeds)
+            rows = [[*feed, *[feed[-1]] * (width - len(feed))] for feed in feeds]
+            logits = self._forward(rows, width)
+            self.batch.advanced(self._last_inputs, [len(feed) for feed in feeds])
+            last = [logits[b, len(feed) - 1] for b, feed in enumerate(feeds)]
+            drafts = [Draft() for _ in self.batch.members]
+            # 2. k tokens, one forward each after the first
+            for step in range(k):
+                for b, key in enumerate(self.batch.members):
+                    self._choose(drafts[b], last[b], by_key[key])
+                if step == k - 1:
+                    break
+                logits = self._forward([[d.tokens[-1]] for d in drafts], 1)
+                self.batch.advanced(self._last_inputs, settle=False)  # the trim below needs every column
+                last = [logits[b, 0] for b in range(len(drafts))]
+            self.batch.trim([k - 1] * len(drafts))  # the drafts may be rejected: keep the contexts only
+        found = dict(zip(self.batch.members, drafts, strict=True))
+        return [found[r.key] for r in requests]
+
+    def _join(self, requests: list[DraftRequest], by_key: dict[str, DraftRequest]) -> None:
+        """Rows for these requests only: finished ones leave, new ones join prefilled (all their
+        context but its last token, which the catch-up forward feeds)."""
         import torch
         from transformers import DynamicCache
 
+        keep = [key for key in self.batch.members if key in by_key]
+        kept = set(keep)
+        joining = []
+        for request in requests:
+            if request.key in kept:
+                continue
+            cache = DynamicCache(config=self.model.config)
+            prompt = request.context[:-1]
+            if prompt:
+                self.model(torch.tensor([prompt], device=self.device), past_key_values=cache, use_cache=True)
+            joining.append((request.key, cache, len(prompt)))
+        if any(length == 0 for _, _, length in joining):  # a one-token context: nothing cached yet
+            raise ValueError("a sequence to draft for has no context before its last token")
+        self.batch.rebuild(keep, joining)
+
+    def _forward(self, rows: list[list[int]], width: int) -> Any:
+        self._last_inputs = self.batch.inputs(rows, self.device, keep_past=True)
+        out = self.model(**self._last_inputs, use_cache=True, logits_to_keep=width)
+        return out.logits[:, -width:].float().cpu()
+
+    @staticmethod
+    def _choose(draft: Draft, logits: Any, request: DraftRequest) -> None:
+        import torch
+
         from moeless.serving.speculation import target_probs
 
-        cache, cached = self.caches.get(request.key) or (DynamicCache(config=self.model.config), 0)
-        for layer in cache.layers:  # drafts are cropped off again: sliding windows must keep what they drop
-            if getattr(layer, "is_sliding", False):
-                layer.activate_past_recording()
-        context = request.context
-        if cached >= len(context):  # never more than the context: recompute its last token
-            _crop(cache, cached - len(context) + 1)
-            cached = len(context) - 1
-        tokens: list[int] = []
-        probs: list[Any] = []
-        feed = context[cached:]
-        with torch.inference_mode():
-            for _ in range(k):
-                out = self.model(
-                    torch.tensor([feed], device=self.device), past_key_values=cache, use_cache=True
-                )
-                logits = out.logits[0, -1].float().cpu()
-                if request.temperature == 0:
-                    token = int(torch.argmax(logits))
-                else:
-                    q = target_probs(logits, request.temperature, request.top_p)
-                    token = int(torch.multinomial(q, 1, generator=request.generator))
-                    probs.append(q)
-                tokens.append(token)
-                feed = [token]
-        _crop(cache, len(tokens) - 1)  # the drafts may be rejected: keep only what the context holds
-        self.caches[request.key] = (cache, len(context))
-        return Draft(tokens, probs if request.temperature != 0 else None)
-
-
-def _crop(cache: Any, tokens: int) -> None:
-    """Drop the last ``tokens`` of ``cache`` (transformers' ``crop`` takes a negative count)."""
-    if tokens > 0:
-        cache.crop(-tokens)
+        if request.temperature == 0:
+            draft.tokens.append(int(torch.argmax(logits)))
+            return
+        q = target_probs(logits, request.temperature, request.top_p)
+        draft.tokens.append(int(torch.multinomial(q, 1, generator=request.generator)))
+        draft.probs = [*(draft.probs or []), q]
