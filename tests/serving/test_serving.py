@@ -406,3 +406,28 @@ def test_backbone_dockerfile_copies_only_what_exists():
     assert sources
     for source in sources:
         assert (REPO / source).exists(), f"the Dockerfile copies {source}, which does not exist"
+
+
+def test_the_service_speculates_as_its_plan_or_its_options_say_and_reports_it(mixtral, tmp_path):
+    """A plan sized with speculation serves with it (prompt lookup without a draft model), the
+    option overrides it, a draft model drafts; tokens stay generate's; /metrics reports it."""
+    from dataclasses import replace
+
+    model_dir, artifacts = mixtral
+    plan = one_function_per_expert(load_manifest(artifacts))
+    replace(plan, params={"deployment": {"speculate": 3}}).save(tmp_path / "plan.json")
+    prompts = [p * 3 for p in PROMPTS[:4]]  # repeated text: prompt lookup finds drafts
+    expected = reference_ids(model_dir, prompts, 8)
+    with serving(artifacts, plan_path=tmp_path / "plan.json") as (url, backbone, _host):
+        assert backbone.engine.speculate == 3 and backbone.engine.drafter.name == "prompt-lookup"
+        assert engine_ids(backbone, prompts, 8) == expected
+        metrics = httpx.get(f"{url}/metrics").text
+        assert 'moeless_draft_tokens_total{outcome="proposed"}' in metrics
+        assert "moeless_decode_tokens_total" in metrics
+    with serving(artifacts, plan_path=tmp_path / "plan.json", speculate=0) as (_, backbone, _host):
+        assert backbone.engine.drafter is None
+    with serving(artifacts, speculate=2, draft_model=model_dir) as (_, backbone, _host):
+        assert backbone.engine.drafter.name == "draft-model"
+        assert engine_ids(backbone, prompts, 8) == expected
+        counters = backbone.stats.snapshot()["counters"]
+        assert counters["decode_tokens"] > counters["decode_forwards"]

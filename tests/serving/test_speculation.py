@@ -217,3 +217,15 @@ def test_a_trained_draft_shares_its_targets_tokenizer_and_drafts(tiny, tmp_path)
     assert again.tokens[:2] == draft.tokens[1:]
     drafter.release("s")
     assert not drafter.caches
+
+
+def test_serve_refuses_a_draft_model_without_speculation(tiny):
+    from click.testing import CliRunner
+
+    from cli.main import cli
+
+    artifacts, model_dir = tiny.package("mixtral"), tiny.model("mixtral")
+    result = CliRunner().invoke(
+        cli, ["serve", str(artifacts), "--draft-model", str(model_dir), "--speculate", "0"]
+    )
+    assert result.exit_code == 2 and "give K >= 1" in result.output
