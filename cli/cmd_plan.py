@@ -12,8 +12,10 @@ from cli.options import (
     api_price,
     api_price_option,
     deployment_options,
+    draft_acceptance,
     max_function_memory_option,
     model_option,
+    speculation_options,
     traffic_options,
 )
 from moeless.contracts.environment import ALIAS
@@ -25,7 +27,8 @@ from moeless.contracts.plan import Policy
 SIZED_ONLY = (
     "slo_ttft_ms", "search_path", "frontier", "arrivals_path", "arrival", "rate", "duration",
     "prompt_tokens", "output_tokens", "seed", "resample_experts", "max_batch", "prefill_chunk",
-    "context_tokens", "expert_dtype", "gpu_dtype", "instances_path", "api_price_text",
+    "context_tokens", "expert_dtype", "gpu_dtype", "instances_path", "api_price_text", "speculate",
+    "draft_acceptance_text",
 )  # fmt: skip
 ANALYTIC_ONLY = (
     "workers", "slots", "memory_gb", "slo_ms", "artifacts", "previous", "top_k", "batch_tokens",
@@ -84,6 +87,10 @@ def refuse_what_does_not_apply(ctx: click.Context, params: dict[str, Any]) -> No
         for name in ONLY_WITHOUT_ARRIVALS:
             if _given(ctx, name) and params["arrivals_path"] is not None:
                 wrong.append(f"{_flag(ctx, name)} not with --arrivals (the trace sets it)")
+        if params["speculate"] and params["draft_acceptance_text"] is None:
+            wrong.append(
+                f"--speculate {params['speculate']} needs --draft-acceptance (how many drafts are kept)"
+            )
         if params["policy"] not in ("moeless", "remoe"):
             wrong.append(
                 f"--policy {params['policy']} with --slo-tpot-ms (the optimiser sizes moeless or remoe)"
@@ -145,6 +152,7 @@ class _Command(click.Command):
 @api_price_option
 @traffic_options
 @deployment_options
+@speculation_options
 @click.option(
     "--search",
     "search_path",
@@ -286,7 +294,14 @@ def _sized(ctx: click.Context, params: dict[str, Any]) -> None:
     from moeless.simulation.report import ms
     from moeless.simulation.study import api_line
     from moeless.sizing import DEFAULT_SEARCH, Slo, SloUnreachable, load_search, size_for_slo
-    from moeless.sizing.report import alternative_lines, left_out_lines, stall_lines, tier_line, warmth
+    from moeless.sizing.report import (
+        alternative_lines,
+        left_out_lines,
+        speculation_lines,
+        stall_lines,
+        tier_line,
+        warmth,
+    )
 
     policy, output, frontier = params["policy"], params["output"], params["frontier"]
     search = load_search(params["search_path"]) if params["search_path"] else DEFAULT_SEARCH
@@ -317,6 +332,8 @@ def _sized(ctx: click.Context, params: dict[str, Any]) -> None:
         params["context_tokens"],
         params["instances_path"],
         params["prefill_chunk"],
+        params["speculate"],
+        draft_acceptance(params["draft_acceptance_text"], shape.name),
     )
     slo = Slo(params["slo_tpot_ms"], params["slo_ttft_ms"])
     click.echo(f"sizing {policy} for {slo.describe()} on {len(replay)} requests ({source}, {duration:g} s)")
@@ -361,7 +378,10 @@ def _sized(ctx: click.Context, params: dict[str, Any]) -> None:
         )
     price = api_price(params["api_price_text"], shape.name)
     reference = [f"  {api_line(price, replay).removeprefix('- ')}"] if price else []
-    for line in stall_lines(own) + alternative_lines(own) + reference + left_out_lines(own):
+    lines = (
+        stall_lines(own) + speculation_lines(own) + alternative_lines(own) + reference + left_out_lines(own)
+    )
+    for line in lines:
         click.echo(line)
     click.echo(
         f"  simulated after a quiet (nothing warm but what the plan keeps warm): "

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import click
 
@@ -14,8 +14,10 @@ from cli.options import (
     api_price,
     api_price_option,
     deployment_options,
+    draft_acceptance,
     max_function_memory_option,
     model_option,
+    speculation_options,
     traffic_options,
 )
 
@@ -52,6 +54,7 @@ from cli.options import (
 @api_price_option
 @traffic_options
 @deployment_options
+@speculation_options
 @click.option(
     "--no-predictors", is_flag=True, help="moeless and remoe run without pre-warming from their predictors."
 )
@@ -98,6 +101,8 @@ def simulate(
     expert_dtype: str,
     gpu_dtype: str,
     instances_path: Path | None,
+    speculate: int,
+    draft_acceptance_text: str | None,
     no_predictors: bool,
     prewarm_evals: tuple[str, ...],
     replan_s: float | None,
@@ -119,20 +124,34 @@ def simulate(
         )
     given = load_plan(plan_path) if plan_path else None
     quotas = AccountQuotas(account_concurrency, max_function_memory_mb)
+    recorded = (given.params.get("deployment") or {}) if given is not None else {}
     if given is not None:
         require_quotas(given, quotas)  # as Lambda would refuse it: before anything is simulated
         names = ["static", "hybrid", given.policy]
-        expert_dtype, max_batch, context_tokens, prefill_chunk = _SizedFor.of(
-            given.params.get("deployment") or {}, expert_dtype, max_batch, context_tokens, prefill_chunk
+        expert_dtype, max_batch, context_tokens, prefill_chunk, speculate = _SizedFor.of(
+            recorded, expert_dtype, max_batch, context_tokens, prefill_chunk, speculate
         )
+    elif speculate == 0 and draft_acceptance_text is not None:
+        raise click.UsageError("--draft-acceptance applies only with --speculate K above 0")
     shape, routing = shape_and_routing(trace_path, loads_path, model_spec, resample_experts, seed)
     if given is not None:
-        _check_plan_model(given.params.get("deployment") or {}, shape.name)
+        _check_plan_model(recorded, shape.name)
+    acceptance = _acceptance(draft_acceptance_text, shape.name, recorded.get("draft_acceptance"))
+    if speculate and acceptance is None:
+        raise click.UsageError(f"--speculate {speculate} needs --draft-acceptance: how many drafts are kept")
     replay, source = replay_for(
         routing, arrivals_path, rate, arrival, duration, prompt_tokens, output_tokens, seed
     )
     chosen = deployment_for(
-        shape, expert_dtype, gpu_dtype, max_batch, context_tokens, instances_path, prefill_chunk
+        shape,
+        expert_dtype,
+        gpu_dtype,
+        max_batch,
+        context_tokens,
+        instances_path,
+        prefill_chunk,
+        speculate,
+        acceptance,
     )
     deployment = replace(chosen, account_concurrency=quotas.concurrency)
     describe = [f"- requests: {len(replay)} ({source}, {duration:g} s, seed {seed})"]
@@ -166,10 +185,17 @@ class _SizedFor(NamedTuple):
     max_batch: int
     context_tokens: int
     prefill_chunk: int | None
+    speculate: int
 
     @classmethod
     def of(
-        cls, recorded: dict, expert_dtype: str, max_batch: int, context_tokens: int, prefill_chunk: int | None
+        cls,
+        recorded: dict,
+        expert_dtype: str,
+        max_batch: int,
+        context_tokens: int,
+        prefill_chunk: int | None,
+        speculate: int,
     ) -> _SizedFor:
         """The plan's recorded values win over the options left at their defaults; an option given
         that contradicts them is an error."""
@@ -177,7 +203,7 @@ class _SizedFor(NamedTuple):
 
         context = click.get_current_context()
         given = {"expert_dtype": expert_dtype, "max_batch": max_batch, "context_tokens": context_tokens,
-                 "prefill_chunk": prefill_chunk}  # fmt: skip
+                 "prefill_chunk": prefill_chunk, "speculate": speculate}  # fmt: skip
         chosen = {}
         for key, value in given.items():
             planned = recorded.get(key, value)
@@ -190,7 +216,25 @@ class _SizedFor(NamedTuple):
             int(chosen["max_batch"] or 0),
             int(chosen["context_tokens"] or 0),
             int(chunk) if chunk else None,
+            int(chosen["speculate"] or 0),
         )
+
+
+def _acceptance(text: str | None, model: str, recorded: dict | None) -> Any:
+    """The drafter's acceptance: ``--draft-acceptance`` for ``model``, or what a replayed plan was
+    sized with (``recorded``), which a given one must not contradict."""
+    from moeless.simulation.speculation import Acceptance
+
+    acceptance = draft_acceptance(text, model)
+    if not recorded:
+        return acceptance
+    planned = Acceptance.from_json(recorded)
+    if acceptance is not None and acceptance.rates != planned.rates:
+        raise click.UsageError(
+            f"the plan was sized for a draft acceptance of {list(planned.rates)}, "
+            f"not {list(acceptance.rates)}"
+        )
+    return planned
 
 
 def _check_plan_model(recorded: dict, model: str) -> None:

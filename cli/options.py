@@ -99,7 +99,7 @@ traffic_options = option_group(
     click.option(
         "--resample-experts",
         is_flag=True,
-        help="Carry the loads' skew onto the model's expert count.",
+        help="Carry the loads' skew to the model's experts.",
     ),
 )
 
@@ -125,7 +125,8 @@ deployment_options = option_group(
         "--expert-dtype",
         type=click.Choice(["fp32", "fp16", "int8"]),
         default="fp32",
-        help="The functions' experts [fp32].",
+        metavar="DTYPE",
+        help="Functions' experts: fp32, fp16, int8 [fp32].",
     ),
     click.option(
         "--gpu-dtype",
@@ -140,6 +141,40 @@ deployment_options = option_group(
         help="Your GPU instance catalogue (JSON).",
     ),
 )
+
+
+# speculative decoding (`simulate`, `plan --slo-tpot-ms`): drafts verified per forward, and how many
+# of them are kept (moeless/simulation/speculation.py); `plan` with an acceptance also tries 0 up to
+# the positions it covers (docs/planner.md, "Speculative decoding")
+speculation_options = option_group(
+    click.option(
+        "--speculate",
+        type=click.IntRange(0),
+        default=0,
+        metavar="K",
+        help="Drafts verified per forward [0: none].",
+    ),
+    click.option(
+        "--draft-acceptance",
+        "draft_acceptance_text",
+        metavar="A",
+        help="Drafts kept: mtp, P, P1,P2,... or stats JSON.",
+    ),
+)
+
+
+def draft_acceptance(given: str | None, model: str) -> Any:
+    """``--draft-acceptance`` resolved for ``model`` (``None`` where not given; a click error where
+    it is none of the forms)."""
+    from moeless.errors import SimulationError
+    from moeless.simulation.speculation import Acceptance
+
+    if given is None:
+        return None
+    try:
+        return Acceptance.parse(given, model)
+    except SimulationError as exc:
+        raise click.BadParameter(str(exc), param_hint="--draft-acceptance") from None
 
 
 api_price_option = click.option(

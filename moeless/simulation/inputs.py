@@ -12,6 +12,7 @@ from moeless.model.shapes import ModelShape
 from moeless.simulation.policies import Deployment, requests_for, requests_replaying
 from moeless.simulation.routing import RecordedRouting, SampledRouting, StepRouting
 from moeless.simulation.simulator import Request
+from moeless.simulation.speculation import Acceptance
 
 
 def shape_and_routing(
@@ -94,13 +95,24 @@ def deployment_for(
     context_tokens: int,
     instances_path: Path | None,
     prefill_chunk: int | None = None,
+    speculate: int = 0,
+    draft_acceptance: Acceptance | None = None,
 ) -> Deployment:
-    """The deployment of ``shape``, on the built-in GPU catalogue or the one in ``instances_path``."""
+    """The deployment of ``shape``, on the built-in GPU catalogue or the one in ``instances_path``
+    (with ``speculate`` drafts per forward kept at ``draft_acceptance``)."""
     catalogue = None
     if instances_path is not None:
         from moeless.planning.instances import load_catalogue
 
         catalogue = load_catalogue(instances_path)
     return Deployment.choose(
-        shape, expert_dtype, gpu_dtype, max_batch, context_tokens, catalogue, prefill_chunk=prefill_chunk
+        shape,
+        expert_dtype,
+        gpu_dtype,
+        max_batch,
+        context_tokens,
+        catalogue,
+        prefill_chunk=prefill_chunk,
+        speculate=speculate,
+        draft_acceptance=draft_acceptance,
     )

@@ -15,6 +15,10 @@ Policies: ``static`` (the whole model on the fleet), ``hybrid`` (every expert on
 host), ``moeless`` (load-aware replicas, one function each, pre-warmed by the layer-aware
 predictor), ``remoe`` (Remoe's optimiser: resident experts on the backbone's GPU, the rest as
 functions, SPS pre-warming), ``oracle`` (moeless's plan with every replica warm and free: the bound).
+
+A deployment with a drafter (``draft_acceptance``) and ``speculate`` = k verifies k drafts per
+decoding sequence in every policy's forwards alike, the fleet's and the hybrid node's included, so
+that the policies compare like for like (:mod:`moeless.simulation.speculation`).
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from moeless.simulation.host import HostModel
 from moeless.simulation.roofline import Hardware, Roofline
 from moeless.simulation.routing import RecordedRouting, StepRouting
 from moeless.simulation.simulator import GiveUp, GpuModel, PolicyResult, PrewarmModel, Request, Simulator
+from moeless.simulation.speculation import Acceptance
 
 POLICIES = ("static", "hybrid", "moeless", "remoe", "oracle")
 
@@ -70,6 +75,14 @@ class Deployment:
     hybrid: Fleet | None = None  # the hybrid node (None: no single instance's RAM holds the experts)
     account_concurrency: int | None = None  # Lambda's concurrent executions (None: not limited)
     catalogue: dict[str, Instance] | None = None  # where backbones are chosen from (None: CATALOGUE)
+    speculate: int = 0  # drafts each decoding sequence verifies per forward (0: no speculation)
+    draft_acceptance: Acceptance | None = None  # its drafter's acceptance (None: no drafter)
+
+    def __post_init__(self) -> None:
+        if self.speculate < 0 or (self.speculate and self.draft_acceptance is None):
+            raise SimulationError(
+                f"speculate {self.speculate}: 0, or a number of drafts with the drafter's acceptance"
+            )
 
     @classmethod
     def choose(
@@ -82,6 +95,8 @@ class Deployment:
         catalogue: dict[str, Instance] | None = None,
         model: CostModel | None = None,
         prefill_chunk: int | None = None,
+        speculate: int = 0,
+        draft_acceptance: Acceptance | None = None,
     ) -> Deployment:
         """Size both sides of ``shape`` and pick their cheapest instances."""
         if expert_dtype not in EXPERT_DTYPES:
@@ -109,6 +124,8 @@ class Deployment:
             prefill_chunk,
             hybrid,
             catalogue=catalogue,
+            speculate=speculate,
+            draft_acceptance=draft_acceptance,
         )
 
     def with_backbone(self, instance: Instance, count: int = 1) -> Deployment:
@@ -146,6 +163,13 @@ class Deployment:
     def dense_bytes(self) -> float:
         """The dense part's bytes on the GPUs (a 4-bit expert format keeps attention in bf16)."""
         return self.shape.dense_bytes(_dense_dtype(self.gpu_dtype))
+
+    @property
+    def tokens_per_forward(self) -> float:
+        """Tokens a decoding sequence generates per forward on average (1 without speculation)."""
+        if not self.speculate or self.draft_acceptance is None:
+            return 1.0
+        return self.draft_acceptance.expected_tokens(self.speculate)
 
     @property
     def kv_bytes(self) -> float:
@@ -195,6 +219,8 @@ class Deployment:
             "max_batch": self.max_batch,
             "context_tokens": self.context_tokens,
             "prefill_chunk": self.prefill_chunk,
+            "speculate": self.speculate,
+            "draft_acceptance": self.draft_acceptance.to_json() if self.draft_acceptance else None,
             "backbone": self.backbone.label(),
             "fleet": self.fleet.label(),
             "hybrid": self.hybrid.label() if self.hybrid else None,
@@ -215,6 +241,7 @@ class Deployment:
                 else "each prompt prefilled in one step"
             )
             + f"; KV cache sized for {self.context_tokens} tokens each ({self.kv_bytes / 1e9:.1f} GB)",
+            *([f"- speculation: {self.speculation_line()}"] if self.draft_acceptance else []),
             f"- serverful fleet (static): {self.fleet.label()} (${self.fleet.hourly_usd:.2f}/h), "
             f"the cheapest that holds every weight and the KV cache",
             f"- serverless backbone: {self.backbone.label()} (${self.backbone.hourly_usd:.2f}/h), "
@@ -226,6 +253,17 @@ class Deployment:
             if self.hybrid
             else f"- hybrid node: none: no single instance's RAM holds every expert in {self.expert_dtype}",
         ]
+
+    def speculation_line(self) -> str:
+        """What the deployment drafts, and the tokens per forward it expects of it."""
+        if self.draft_acceptance is None:
+            return "none (one token per decoding sequence per forward)"
+        if not self.speculate:
+            return f"off; a drafter of {self.draft_acceptance.describe()}"
+        return (
+            f"k={self.speculate} drafts per decoding sequence verified in each forward, "
+            f"{self.tokens_per_forward:.2f} tokens per forward; {self.draft_acceptance.describe()}"
+        )
 
     def sources(self) -> list[str]:
         hardware = self.hardware(True).roofline
@@ -377,6 +415,8 @@ def simulate_policy(
         record_demand=record_demand,
         host=deployment.host_model(),
         account_concurrency=deployment.account_concurrency,
+        speculate=deployment.speculate,
+        acceptance=deployment.draft_acceptance,
     ).run(replay, duration_s, progress, give_up=give_up)
     result.policy = name
     return result

@@ -33,6 +33,8 @@ COLUMNS = (
     "one_off_usd",
     "fleet",
     "backbone",
+    "tokens_per_forward",
+    "usd_per_1k_decode_steps",
 )
 COMPONENTS = ("requests", "duration", "provisioned", "gpu")
 
@@ -70,11 +72,11 @@ def write_report(results: list[PolicyResult], out_dir: Path, header: list[str], 
         "",
         *header,
         "",
-        "| policy | $ per 1k requests | TTFT p50 / p99 ms | TPOT p50 / p99 ms | request p99 ms | "
-        "MoE layer p50 / p99 ms | cold starts | invokes | on | "
+        "| policy | $ per 1k requests | TTFT p50 / p99 ms | TPOT p50 / p99 ms | tokens per forward | "
+        "request p99 ms | MoE layer p50 / p99 ms | cold starts | invokes | on | "
         + " | ".join(f"$ {c}" for c in COMPONENTS)
         + " |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---|" + "---:|" * len(COMPONENTS),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|" + "---:|" * len(COMPONENTS),
     ]
     for row in rows:
         parts = " | ".join(f"{row['usd_per_1k_by_component'].get(c, 0.0):.4f}" for c in COMPONENTS)
@@ -82,7 +84,8 @@ def write_report(results: list[PolicyResult], out_dir: Path, header: list[str], 
         lines.append(
             f"| {row['policy']}{done} | {row['usd_per_1k_requests']:.4f} | "
             f"{ms(row['ttft_ms_p50'], 0)} / {ms(row['ttft_ms_p99'], 0)} | {ms(row['tpot_ms_p50'])} / "
-            f"{ms(row['tpot_ms_p99'])} | {ms(row['request_ms_p99'], 0)} | {ms(row['moe_layer_ms_p50'], 2)} / "
+            f"{ms(row['tpot_ms_p99'])} | {ms(row['tokens_per_forward'], 3)} | "
+            f"{ms(row['request_ms_p99'], 0)} | {ms(row['moe_layer_ms_p50'], 2)} / "
             f"{ms(row['moe_layer_ms_p99'], 2)} | {row['cold_starts']} | {row['invokes']} | "
             f"{row['fleet'] or row['backbone']} | {parts} |"
         )

@@ -35,6 +35,14 @@ once per forward of the step as the engine runs them: each prefill alone, then o
 A layer ends when its last piece does; then the step moves on. Events are processed in time
 order across the backbone's step loops, so function instances are shared as they would be.
 
+With **speculation** (``speculate`` = k drafts and their :class:`~moeless.simulation.speculation.Acceptance`),
+the batched decode verifies each sequence's k drafts as the engine does: every decoding sequence
+routes k + 1 token rows (its next k + 1 positions) through every MoE layer, in the same invokes,
+and the dense forward computes them all; the sequence then generates 1 + the drafts accepted (a
+draw, never past its output). Fewer drafts go in where every decoding sequence is that close to
+its end. Drafting itself is free here: an MTP head or a prompt lookup costs a fraction of one
+forward's dense part, nothing beside a round trip to Lambda per MoE layer.
+
 With ``account_concurrency``, the environments running at once (on demand, initialising ones
 included) and the provisioned ones together stay within the account's limit, as Lambda keeps
 them: an invoke beyond it is throttled (429), retried as the dispatcher retries (its attempts
@@ -68,6 +76,7 @@ from moeless.serving.generation import prefill_shares
 from moeless.simulation.host import HostModel
 from moeless.simulation.roofline import Hardware
 from moeless.simulation.routing import StepRouting
+from moeless.simulation.speculation import Acceptance
 
 
 @dataclass(frozen=True)
@@ -184,6 +193,13 @@ class PolicyResult:
     demand: dict[str, LevelDemand] = field(default_factory=dict)
     # the run stopped once it certainly missed its bounds (:class:`GiveUp`): figures are partial
     gave_up: bool = False
+    # decoding sequences' verification forwards (each its token and its drafts, in one step's
+    # forward) and the tokens they generated: their ratio is tokens per forward (1 without drafts)
+    verifications: int = 0
+    decoded_tokens: int = 0
+    # Lambda requests and duration billed by the steps that prefill nothing (their pre-warms too):
+    # the decode bill, apart from the steps where decode rows ride along a prefill chunk's invokes
+    decode_step_usd: float = 0.0
 
     def summary(self) -> dict[str, Any]:
         """The run's figures; a percentile over no values (nothing completed, or no request
@@ -217,6 +233,8 @@ class PolicyResult:
             "replans": self.replans,
             "prewarms": self.prewarms,
             "one_off_usd": self.one_off_usd,
+            "tokens_per_forward": self.decoded_tokens / self.verifications if self.verifications else None,
+            "usd_per_1k_decode_steps": 1000 * self.decode_step_usd / served,
             "gave_up": self.gave_up,
             "fleet": self.fleet,
             "backbone": self.backbone,
@@ -247,13 +265,15 @@ class _Sequence:
 @dataclass
 class _Step:
     """One step of a loop in progress: its sequences (each prefilling one with the prompt tokens
-    it computes in this step), their routed counts, its per-block GPU time."""
+    it computes in this step), their routed counts, its per-block GPU time, and the drafts each
+    decoding sequence verifies."""
 
     prefilling: list[tuple[_Sequence, int]]
     decoding: list[_Sequence]
     counts: np.ndarray  # [MoE layers, experts]
     dense_ms_per_layer: float
     tokens: int
+    drafts: int = 0
 
 
 def _any_idle(free_at: list[float], now: float) -> bool:
@@ -365,6 +385,8 @@ class Simulator:
             this machine's 2 vCPUs at the cost model's per-vCPU figures.
         account_concurrency: the account's concurrent executions (``None``: no limit).
         retries: (attempts, first backoff in s) of a throttled invoke, as the dispatcher retries.
+        speculate: drafts each decoding sequence verifies per step (0: none), kept as ``acceptance``
+            draws them (see the module docstring).
     """
 
     def __init__(
@@ -394,7 +416,10 @@ class Simulator:
         host: HostModel | None = None,
         account_concurrency: int | None = None,
         retries: tuple[int, float] = (3, 0.02),
+        speculate: int = 0,
+        acceptance: Acceptance | None = None,
     ) -> None:
+        assert speculate >= 0 and (acceptance is not None or not speculate), "drafts need an acceptance"
         self.plan = plan
         self.routing = routing
         self.layers = list(routing.layers)
@@ -418,6 +443,7 @@ class Simulator:
         self.host = replace(self.host, compute_speedup=compute_speedup)
         self.account_concurrency = account_concurrency
         self.retries = retries
+        self.speculate, self.acceptance = speculate, acceptance
         self._running: list[float] = []  # heap: when each on-demand environment busy now is free
         self._rng = np.random.default_rng(seed)
         self._prewarm_rng = np.random.default_rng(prewarm.seed if prewarm else 0)
@@ -603,11 +629,16 @@ class Simulator:
                 sequence.prefilled += tokens
                 if sequence.prefilled >= requests[sequence.index].prompt_tokens:
                     stepped.append(sequence)
-            for sequence in stepped:
-                sequence.generated += 1
+            for n, sequence in enumerate(stepped):  # the decoding ones first
+                request = requests[sequence.index]
+                new = 1  # a prefill's last chunk gives the first token
+                if n < len(step.decoding):
+                    new = self._verified(step.drafts, request.output_tokens - sequence.generated)
+                    result.verifications += 1
+                    result.decoded_tokens += new
+                sequence.generated += new
                 if sequence.generated == 1:
                     sequence.first_token_s = done
-                request = requests[sequence.index]
                 if sequence.generated >= request.output_tokens:
                     finished_at[sequence.index] = done
                     result.completed += 1
@@ -764,20 +795,42 @@ class Simulator:
             if self.prewarm is not None and self.prewarm.lead == "request":
                 for index in range(len(self.layers)):
                     self._prewarm(now, index, routed[index], result, usd)
+        # each decoding sequence's rows: its token and its drafts, at its next positions
+        drafts = self._drafts(decoding, requests)
         if decoding:
+            rows = range(1 + drafts)
             counts += self.routing.decode(
-                [requests[s.index].source for s in decoding], [s.generated - 1 for s in decoding], self._rng
+                [requests[s.index].source for s in decoding for _ in rows],
+                [s.generated - 1 + j for s in decoding for j in rows],
+                self._rng,
             )
         # the step's forwards, as generation.py runs them: each prefill (chunk) alone, then one
         # batched decode; each is (tokens, context tokens attended over, sequences)
         forwards = [(tokens, s.prefilled + tokens, 1) for s, tokens in prefilling]
         if decoding:
             context = sum(requests[s.index].prompt_tokens + s.generated for s in decoding)
-            forwards.append((len(decoding), context, len(decoding)))
+            forwards.append((len(decoding) * (1 + drafts), context, len(decoding)))
         tokens = sum(f[0] for f in forwards)
         engine_ms = self.gpu.step_overhead_ms + self.gpu.sequence_overhead_ms * len(batch)
         dense_ms = (sum(self._forward_ms(*f) for f in forwards) + engine_ms) / len(self.layers)
-        return _Step(prefilling, decoding, counts, dense_ms, tokens)
+        return _Step(prefilling, decoding, counts, dense_ms, tokens, drafts)
+
+    def _drafts(self, decoding: list[_Sequence], requests: list[Request]) -> int:
+        """The drafts every decoding sequence carries into this step, as the engine drafts: at most
+        ``speculate``, and no more than the sequence with the most tokens still to generate may
+        use beside the token the forward generates anyway (the others' extra rows are fillers)."""
+        if not self.speculate or not decoding:
+            return 0
+        room = max(requests[s.index].output_tokens - s.generated - 1 for s in decoding)
+        return max(0, min(self.speculate, room))
+
+    def _verified(self, drafts: int, left: int) -> int:
+        """Tokens one decoding sequence generates in a step with ``drafts`` drafts each, ``left``
+        tokens still to generate: 1, and the drafts kept (of those it has room for)."""
+        if not drafts:
+            return 1
+        assert self.acceptance is not None
+        return 1 + self.acceptance.accepted(min(drafts, left - 1), self._rng)
 
     def _prefill_chunks(self, new: list[_Sequence], requests: list[Request]) -> list[tuple[_Sequence, int]]:
         """The prompt tokens each new sequence computes in this step: all that are left, or with
@@ -810,9 +863,12 @@ class Simulator:
         if self.serverful:
             moe_ms = self._gpu_experts_ms(len(needed), int(row.sum()))
         else:
+            billed = usd["requests"] + usd["duration"]
             if self.prewarm is not None and self.prewarm.lead == "layer" and index + 1 < len(self.layers):
                 self._prewarm(now, index + 1, step.counts[index + 1], result, usd)
             moe_ms = self._serverless_layer(now, layer, row, needed, result, usd, step.tokens)
+            if not step.prefilling:
+                result.decode_step_usd += usd["requests"] + usd["duration"] - billed
         result.layer_latency_ms.append(moe_ms)
         return step.dense_ms_per_layer + moe_ms
 

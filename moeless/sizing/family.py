@@ -68,6 +68,10 @@ class FrontierPoint:
         return self.structure.variant.prefill_chunk
 
     @property
+    def speculate(self) -> int:
+        return self.structure.variant.speculate
+
+    @property
     def stall_tpot_ms(self) -> float | None:
         return self.structure.stall_tpot_ms
 
@@ -102,6 +106,7 @@ class FrontierPoint:
             "group": self.group,
             "expert_dtype": self.expert_dtype,
             "prefill_chunk": self.prefill_chunk or "",
+            "speculate": self.speculate,
             "usd_per_cold_start": self.usd_per_cold_start,
             "stall_tpot_ms_p99": "" if self.stall_tpot_ms is None else self.stall_tpot_ms,
             "uniform_level": "" if self.uniform_level is None else self.uniform_level,

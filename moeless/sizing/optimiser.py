@@ -353,6 +353,7 @@ def _annotated(chosen: FrontierPoint, sizing: Sizing) -> Plan:
                     "ttft_ms_p99",
                     "cold_starts",
                     "invokes",
+                    "tokens_per_forward",
                 )
             },
         },

@@ -1,5 +1,6 @@
 """What ``plan`` says of a sizing beside the plan: how the chosen warmth was decided, what the
-stall probe says of the chosen structure, and what the account's quotas left out."""
+stall probe says of the chosen structure, the drafts per forward chosen, and what the account's
+quotas left out."""
 
 from __future__ import annotations
 
@@ -129,3 +130,25 @@ def tier_line(chosen: FrontierPoint) -> str:
         f"tier {structure.tier}: experts {', '.join(parts)}; backbone {backbone.label()} "
         f"(${backbone.hourly_usd:.2f}/h)"
     )
+
+
+def speculation_lines(sizing: Sizing) -> list[str]:
+    """The drafts per forward chosen, where the deployment has a drafter, and the cheapest plan
+    of each k judged (as :func:`cheapest_by_tier`, per k)."""
+    chosen = sizing.chosen
+    acceptance = None if chosen is None else chosen.structure.variant.draft_acceptance
+    if chosen is None or acceptance is None:
+        return []
+    by_k: dict[int, list[FrontierPoint]] = {}
+    for point in sizing.points:
+        by_k.setdefault(point.speculate, []).append(point)
+    parts = []
+    for k, points in sorted(by_k.items()):
+        pick = choose(points, sizing.slo, sizing.every_level_premium, bounded=sizing.stall_bound)
+        parts.append(f"k={k}: " + ("misses the SLO" if pick is None else f"${pick.usd_per_1k:.2f}"))
+    variant = chosen.structure.variant
+    return [
+        f"  speculation: k={variant.speculate} drafts per forward, {variant.tokens_per_forward:.2f} "
+        f"tokens per forward ({acceptance.describe()})",
+        f"  cheapest per 1k requests by drafts per forward: {'; '.join(parts)}",
+    ]

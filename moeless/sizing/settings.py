@@ -45,6 +45,10 @@ class SearchSpace:
         change the outputs: the user's call, never the optimiser's own).
       prefill_chunks: prompt tokens per engine step the optimiser may choose besides the
         deployment's (``null``: whole prompts).
+      speculate: drafts per decoding sequence per forward the optimiser may choose besides the
+        deployment's, where it has a drafter (``plan --draft-acceptance``); empty: 0 and every k
+        up to the draft positions the acceptance gives rates for (MTP: 0 and 1). Without a
+        drafter only 0, and a k above it is refused.
     Tiers (moeless; docs/planner.md, "Tiers"):
       host_shares: besides Lambda alone, plans whose backbone holds the experts that take this
         share of each layer's tokens (1.0: all of them, the hybrid node), on the instance that
@@ -76,6 +80,7 @@ class SearchSpace:
     groups: tuple[int, ...] = (1,)
     expert_dtypes: tuple[str, ...] = ()
     prefill_chunks: tuple[int | None, ...] = ()
+    speculate: tuple[int, ...] = ()
     host_shares: tuple[float, ...] = (0.5, 0.9, 1.0)
     offload_rows: tuple[int, ...] = (32,)
     alternatives: bool = True
@@ -104,6 +109,8 @@ class SearchSpace:
             problems.append(f"expert_dtypes: {bad} (choose from {', '.join(EXPERT_DTYPES)})")
         if not all(c is None or (isinstance(c, int) and c >= 1) for c in self.prefill_chunks):
             problems.append(f"prefill_chunks: positive integers or null, not {list(self.prefill_chunks)}")
+        if not all(isinstance(k, int) and not isinstance(k, bool) and k >= 0 for k in self.speculate):
+            problems.append(f"speculate: drafts per forward, 0 or more, not {list(self.speculate)}")
         if self.every_level_premium is not None and not self.every_level_premium >= 0:
             problems.append(f"every_level_premium: 0 or more, or null, not {self.every_level_premium}")
         if self.replan_s is not None and not self.replan_s > 0:

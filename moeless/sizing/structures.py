@@ -1,12 +1,14 @@
-"""The candidates' structures: tier, packing, grouping, memory, replicas, dtype and prefill chunk.
+"""The candidates' structures: tier, packing, grouping, memory, replicas, dtype, prefill chunk and
+drafts per forward.
 
 Each structure is one plan of the policy with nothing warm yet; its family of warmth levels is
 sized on it (:mod:`moeless.sizing.family`). The dtypes and chunks searched are the deployment's
-unless the search space allows more. moeless plans also come in every tier the search holds
-(:mod:`moeless.sizing.tiers`): part or all of the experts on the backbone's GPU and host, each
-tier on the backbone instance and count it needs; those with functions are searched in memory and
-replicas, one function per expert (packing serves Lambda's cold starts, which a tier with the hot
-experts resident has few of).
+unless the search space allows more; the drafts per forward, where the deployment has a drafter,
+0 up to the positions its acceptance covers (:func:`drafts_searched`). moeless plans also come in
+every tier the search holds (:mod:`moeless.sizing.tiers`): part or all of the experts on the
+backbone's GPU and host, each tier on the backbone instance and count it needs; those with
+functions are searched in memory and replicas, one function per expert (packing serves Lambda's
+cold starts, which a tier with the hot experts resident has few of).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import numpy as np
 from moeless.contracts.loads import Loads, shares
 from moeless.contracts.payload import max_tokens_per_request
 from moeless.contracts.plan import Plan
+from moeless.errors import SimulationError
 from moeless.planning.concurrency import levels_in_reach, with_concurrency, with_memory, with_replicas
 from moeless.planning.cost_model import MEMORY_OPTIONS_MB
 from moeless.planning.packing import pack_across_layers, pack_within_layer
@@ -33,7 +36,7 @@ from moeless.sizing.tiers import LAMBDA, lambda_floor_ms, tiers
 
 @dataclass(frozen=True)
 class Structure:
-    """One candidate: the deployment variant (dtype, chunk) and the plan's packing, grouping,
+    """One candidate: the deployment variant (dtype, chunk, drafts) and the plan's packing, grouping,
     memory and replicas, nothing warm yet; ``stall_tpot_ms`` is its stall probe
     (:func:`~moeless.sizing.stall.stall_tpot_ms`), set once probed."""
 
@@ -57,6 +60,7 @@ class Structure:
             self.group,
             self.variant.expert_dtype,
             self.variant.prefill_chunk,
+            self.variant.speculate,
             self.tier,
             self.offload_rows,
             self.variant.backbone.label(),
@@ -67,15 +71,33 @@ class Structure:
         return reach_of(self.plan, self.variant)
 
 
-def variants(deployment: Deployment, search: SearchSpace) -> dict[tuple[str, int | None], Deployment]:
-    """The deployment in every expert dtype and prefill chunk the search allows, by (dtype, chunk)."""
+def variants(deployment: Deployment, search: SearchSpace) -> dict[tuple[str, int | None, int], Deployment]:
+    """The deployment in every expert dtype, prefill chunk and number of drafts the search allows,
+    by (dtype, chunk, drafts)."""
     dtypes = dict.fromkeys([deployment.expert_dtype, *search.expert_dtypes])
     chunks = dict.fromkeys([deployment.prefill_chunk, *search.prefill_chunks])
     return {
-        (dtype, chunk): replace(deployment, expert_dtype=dtype, prefill_chunk=chunk)
+        (dtype, chunk, k): replace(deployment, expert_dtype=dtype, prefill_chunk=chunk, speculate=k)
         for dtype in dtypes
         for chunk in chunks
+        for k in drafts_searched(deployment, search)
     }
+
+
+def drafts_searched(deployment: Deployment, search: SearchSpace) -> list[int]:
+    """The drafts per forward searched: the deployment's and the search's; by default, with a
+    drafter, 0 and every k its acceptance gives a rate for (a draft past them is never kept, so
+    more would only add rows); without one, 0 alone."""
+    acceptance = deployment.draft_acceptance
+    if acceptance is None:
+        if any(search.speculate):
+            raise SimulationError(
+                f"the search's speculate {list(search.speculate)} needs a drafter: give its acceptance "
+                "(--draft-acceptance)"
+            )
+        return [0]
+    chosen = search.speculate or range(len(acceptance.rates) + 1)
+    return list(dict.fromkeys([deployment.speculate, *chosen]))
 
 
 def structures(
@@ -182,8 +204,9 @@ def default_memory_options(deployment: Deployment) -> list[int]:
 def reach_of(plan: Plan, deployment: Deployment) -> dict[str, int]:
     """Each function's levels in reach (:func:`levels_in_reach`) on ``deployment``: a step carries
     at most a chunk (whole prompts: one as long as the deployment admits) beside a full decode
-    batch, on each of the backbone's step loops."""
-    rows = (deployment.prefill_chunk or deployment.context_tokens) + deployment.max_batch
+    batch (each sequence's token and drafts), on each of the backbone's step loops."""
+    decode_rows = deployment.max_batch * (1 + deployment.speculate)
+    rows = (deployment.prefill_chunk or deployment.context_tokens) + decode_rows
     loops = deployment.hardware(serverful=False).loops
     return levels_in_reach(plan, rows, max_tokens_per_request(deployment.expert_size().hidden), loops)
 

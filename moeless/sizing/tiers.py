@@ -157,7 +157,8 @@ def backbones_needed(tier: Tier, loads: Loads, replay: list[Request], span_s: fl
     resident experts' on the host's CPUs (a prefill's function rows run elsewhere, in parallel);
     per generated token a full batch's step (the dense part's weights read once, each resident
     expert the batch touches read once, at least the Lambda floor where functions serve a layer)
-    shared by the batch. A lower bound on the work: the simulator judges the answer."""
+    shared by the batch, which generates its tokens per forward each (speculation). A lower bound
+    on the work: the simulator judges the answer."""
     variant = tier.variant
     shape, instance = variant.shape, variant.backbone.instance
     stages = variant.backbone.count if tier.label == FLEET else 1
@@ -178,11 +179,10 @@ def backbones_needed(tier: Tier, loads: Loads, replay: list[Request], span_s: fl
         + shares[Placement.GPU] * shape.expert_bytes(variant.gpu_dtype) / gpu_bytes_s
     )
     if shares[Placement.FUNCTION] > 0:
-        step_s = max(step_s, lambda_floor_ms(variant, variant.model.function_memory_mb(0)) / 1e3)
-    work_s = (
-        sum(r.prompt_tokens for r in replay) * prefill_s
-        + sum(r.output_tokens for r in replay) * step_s / batch
-    )
+        step_s = max(step_s, forward_floor_ms(variant, variant.model.function_memory_mb(0)) / 1e3)
+    work_s = sum(r.prompt_tokens for r in replay) * prefill_s + sum(
+        r.output_tokens for r in replay
+    ) * step_s / (batch * variant.tokens_per_forward)
     return max(1, math.ceil(work_s / (max(span_s, 1e-9) * TARGET_UTILISATION)))
 
 
@@ -199,7 +199,14 @@ def _resident_shares(tier: Tier, loads: Loads) -> dict[Placement, float]:
 
 
 def lambda_floor_ms(deployment: Deployment, memory_mb: int) -> float:
-    """TPOT's floor on Lambda: every MoE layer pays one warm invoke of one token and its expert."""
+    """TPOT's floor on Lambda: a forward's floor (:func:`forward_floor_ms`) over the tokens a
+    forward generates on average (1, or more with speculation)."""
+    return forward_floor_ms(deployment, memory_mb) / deployment.tokens_per_forward
+
+
+def forward_floor_ms(deployment: Deployment, memory_mb: int) -> float:
+    """One decode forward's floor on Lambda: every MoE layer pays one warm invoke of one token and
+    its expert."""
     model, size = deployment.model, deployment.expert_size()
     speedup = EXPERT_DTYPES[deployment.expert_dtype].compute_speedup
     expert = model.expert_ms(1, size.hidden, size.intermediate, model.vcpus(memory_mb), size.weight_bytes)

@@ -36,7 +36,7 @@ VALUES = {
     "max_batch": "4", "prefill_chunk": "8", "context_tokens": "512", "expert_dtype": "fp16",
     "gpu_dtype": "bf16", "instances_path": "ARRIVALS", "workers": "2", "slots": "4", "memory_gb": "2",
     "slo_ms": "50", "artifacts": "DIR", "previous": "ARRIVALS", "top_k": "2", "batch_tokens": "8",
-    "steps_per_s": "2",
+    "steps_per_s": "2", "speculate": "1", "draft_acceptance_text": "0.8",
 }  # fmt: skip
 
 
