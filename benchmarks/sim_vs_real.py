@@ -70,6 +70,7 @@ from moeless.simulation.host import HostModel
 from moeless.simulation.roofline import Hardware, Roofline
 from moeless.simulation.routing import RecordedRouting
 from moeless.simulation.simulator import GpuModel, PolicyResult, Request, Simulator
+from moeless.simulation.speculation import Acceptance
 
 REPO = Path(__file__).resolve().parent.parent
 WORKDIR = REPO / ".moeless" / "bench" / "serve-mixtral"
@@ -297,6 +298,7 @@ class Served:
     completion_tokens: int = 0
     finish_reason: str | None = None
     error: str | None = None
+    text: str = ""
 
 
 @dataclass
@@ -311,9 +313,12 @@ class RealRun:
     steps: list[tuple[float, int, int, int]]
     step_dispatch: list[float]
     counters: dict[str, float]
+    lambda_usd: float = 0.0  # what the local host's meter bills for the run
 
 
-def client(url: str, model: str, times: list[float], prompts: list[str], start: float) -> list[Served]:
+def client(
+    url: str, model: str, times: list[float], prompts: list[str], start: float, max_tokens: int = MAX_TOKENS
+) -> list[Served]:
     """Each request in its own thread, sent at ``start + times[n]`` (``time.monotonic``), streamed."""
     records = [Served(n, t) for n, t in enumerate(times)]
 
@@ -321,7 +326,7 @@ def client(url: str, model: str, times: list[float], prompts: list[str], start: 
         body = {
             "model": model,
             "prompt": prompts[record.index],
-            "max_tokens": MAX_TOKENS,
+            "max_tokens": max_tokens,
             "temperature": 0,
             "stream": True,
             "stream_options": {"include_usage": True},
@@ -336,6 +341,7 @@ def client(url: str, model: str, times: list[float], prompts: list[str], start: 
                     for choice in chunk.get("choices") or []:
                         if choice.get("text") and math.isnan(record.first_token_s):
                             record.first_token_s = time.monotonic() - start
+                        record.text += choice.get("text") or ""
                         record.finish_reason = choice.get("finish_reason") or record.finish_reason
                     if chunk.get("usage"):
                         record.prompt_tokens = int(chunk["usage"]["prompt_tokens"])
@@ -357,11 +363,21 @@ def client(url: str, model: str, times: list[float], prompts: list[str], start: 
     return records
 
 
-def fire_requests(url: str, model: str, times: np.ndarray, prompts: list[str]) -> list[Served]:
+def fire_requests(
+    url: str, model: str, times: np.ndarray, prompts: list[str], max_tokens: int = MAX_TOKENS
+) -> list[Served]:
     """Run :func:`client` in a child process: clients are not part of the service, and their
     threads (parsing every streamed chunk) would otherwise share its interpreter lock."""
     start = time.monotonic() + 5.0  # the child's start-up must not delay the first arrival
-    job = {"url": url, "model": model, "times": [float(t) for t in times], "prompts": prompts, "start": start}
+    times_s = [float(t) for t in times]
+    job = {
+        "url": url,
+        "model": model,
+        "times": times_s,
+        "prompts": prompts,
+        "start": start,
+        "max_tokens": max_tokens,
+    }
     here = Path(__file__).resolve().parent
     done = subprocess.run(
         [sys.executable, str(here / "sim_vs_real.py"), "--client"],
@@ -375,9 +391,17 @@ def fire_requests(url: str, model: str, times: np.ndarray, prompts: list[str]) -
 
 
 def real_run(
-    artifacts: Path, plan: Plan, times: np.ndarray, prompts: list[str], idle_timeout_s: float = IDLE_TIMEOUT_S
+    artifacts: Path,
+    plan: Plan,
+    times: np.ndarray,
+    prompts: list[str],
+    idle_timeout_s: float = IDLE_TIMEOUT_S,
+    max_tokens: int = MAX_TOKENS,
+    speculate: int = 0,
+    draft_model: Path | None = None,
 ) -> RealRun:
-    """Fire a streamed completion at each arrival time through the local service; collect everything."""
+    """Fire a streamed completion at each arrival time through the local service (with ``speculate``
+    drafts per sequence: prompt lookup, or ``draft_model``'s); collect everything."""
     plan_path = WORKDIR / f"plan-{plan.policy}.json"
     plan.save(plan_path)
     config = BackboneConfig(
@@ -387,13 +411,15 @@ def real_run(
         max_batch=MAX_BATCH,
         replan_interval_s=0,
         predictor_trace=None,
+        speculate=speculate,
+        draft_model=draft_model,
     )
 
     def start_host() -> LambdaHost:
         return start_expert_host(artifacts, plan, EXPERT_ROOT, idle_timeout_s=idle_timeout_s)
 
     with ExitStack() as stack:
-        server, backbone, _ = stack.enter_context(running_service(config, 0, start_host))
+        server, backbone, host = stack.enter_context(running_service(config, 0, start_host))
         layer_ms: list[float] = []
         observe = backbone.stats.observe_dispatch
 
@@ -436,9 +462,11 @@ def real_run(
         setattr(backbone.engine, "_step", step_timed)  # noqa: B010
         before = backbone.stats.snapshot()["counters"]
         assert isinstance(before, dict)
-        records = fire_requests(server.url, backbone.model_name, times, prompts)
+        billed = host.meter.snapshot()["totals"].get("cost_usd", 0.0) if host else 0.0
+        records = fire_requests(server.url, backbone.model_name, times, prompts, max_tokens)
         after = backbone.stats.snapshot()["counters"]
         assert isinstance(after, dict)
+        billed = (host.meter.snapshot()["totals"].get("cost_usd", 0.0) if host else 0.0) - billed
 
     def delta(name: str) -> int:
         return int(after.get(name, 0) - before.get(name, 0))
@@ -454,6 +482,7 @@ def real_run(
         steps,
         step_dispatch,
         {k: after[k] - before.get(k, 0) for k in sorted(after)},
+        billed,
     )
 
 
@@ -494,13 +523,47 @@ def measure_service(artifacts: Path, plan: Plan, fit: BackboneFit) -> tuple[Back
     return service, invokes
 
 
+def calibrate(
+    artifacts: Path, manifest: Manifest, prompts: list[str], plan: Plan, calibration_plan: Plan, when: str
+) -> tuple[BackboneFit, InvokeFit]:
+    """Step 1: the backbone, the invokes (cold on ``calibration_plan``) and the service on ``plan``."""
+    fit = measure_backbone(artifacts, manifest, prompts)
+    cold = measure_invokes(artifacts, calibration_plan)
+    # the service's invokes, on the plan served: a tiered plan's layers of one invoke beside
+    # host experts are common, a plan of functions alone has none (top-2: two or more)
+    fit, warm = measure_service(artifacts, plan, fit)
+    invokes = replace(
+        warm,
+        cold_start_ms=cold.cold_start_ms,
+        cold_serial_ms=cold.cold_serial_ms,
+        cold_points=cold.cold_points,
+    )
+    print(
+        f"{when}: backbone (experts excluded) {fit.overhead_ms:.2f} ms per forward + "
+        f"{fit.per_token_ms * 1e3:.1f} us per token ["
+        + ", ".join(f"{k} {t}: {m:.2f}" for k, t, m in fit.points)
+        + f"]; engine beyond forwards {fit.step_ms:.2f} ms per step + {fit.sequence_ms:.2f} ms per "
+        f"sequence; invokes: cold start {invokes.cold_start_ms:.0f} ms over a warm round trip, each "
+        f"further concurrent one {invokes.cold_serial_ms:.0f} ms later ["
+        + ", ".join(f"{n}: {ms:.0f}" for n, ms in invokes.cold_points)
+        + f"]; in the service, a warm layer of n invokes {invokes.single_ms:.2f} + "
+        f"{invokes.serial_ms:.2f} x (n - 1) ms, spread {invokes.spread:.2f} ["
+        + ", ".join(f"{n}: {ms:.2f}" for n, ms in invokes.points)
+        + "]",
+        flush=True,
+    )
+    return fit, invokes
+
+
 # --- 3. and 4. the routing and the simulation ----------------------------------------------------
 
 
-def recorded_routing(model_dir: Path, prompts: list[str], out_dir: Path) -> RecordedRouting:
+def recorded_routing(
+    model_dir: Path, prompts: list[str], out_dir: Path, max_tokens: int = MAX_TOKENS
+) -> RecordedRouting:
     from moeless.prediction.trace import load_trace, profile
 
-    profile(model_dir, prompts, out_dir, max_new_tokens=MAX_TOKENS, progress=False)
+    profile(model_dir, prompts, out_dir, max_new_tokens=max_tokens, progress=False)
     return RecordedRouting.from_trace(load_trace(out_dir))
 
 
@@ -513,6 +576,8 @@ def simulate(
     invokes: InvokeFit,
     duration_s: float,
     host_call_ms: float,
+    speculate: int = 0,
+    acceptance: Acceptance | None = None,
 ) -> PolicyResult:
     hidden, inter = manifest.hidden_size, manifest.intermediate_size
     weight_bytes = 3 * hidden * inter * 4.0
@@ -565,6 +630,8 @@ def simulate(
         idle_timeout_s=IDLE_TIMEOUT_S,
         timeline=False,
         host=HostModel(2, 2 * model.mem_gbps_per_vcpu, model.gflops_per_vcpu, host_call_ms),
+        speculate=speculate,
+        acceptance=acceptance,
     )
     return simulator.run(requests, duration_s)
 
@@ -591,7 +658,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.client:
         job = json.load(sys.stdin)
-        rows = client(job["url"], job["model"], job["times"], job["prompts"], job["start"])
+        rows = client(job["url"], job["model"], job["times"], job["prompts"], job["start"], job["max_tokens"])
         json.dump([asdict(row) for row in rows], sys.stdout)
         return
     import torch
@@ -618,35 +685,7 @@ def main() -> None:
     )
 
     # 1. calibration, before and after the real run (the machine is shared: its load drifts)
-    def calibrate(when: str) -> tuple[BackboneFit, InvokeFit]:
-        fit = measure_backbone(artifacts, manifest, prompts)
-        cold = measure_invokes(artifacts, calibration_plan)
-        # the service's invokes, on the plan served: a tiered plan's layers of one invoke beside
-        # host experts are common, a plan of functions alone has none (top-2: two or more)
-        fit, warm = measure_service(artifacts, plan, fit)
-        invokes = replace(
-            warm,
-            cold_start_ms=cold.cold_start_ms,
-            cold_serial_ms=cold.cold_serial_ms,
-            cold_points=cold.cold_points,
-        )
-        print(
-            f"{when}: backbone (experts excluded) {fit.overhead_ms:.2f} ms per forward + "
-            f"{fit.per_token_ms * 1e3:.1f} us per token ["
-            + ", ".join(f"{k} {t}: {m:.2f}" for k, t, m in fit.points)
-            + f"]; engine beyond forwards {fit.step_ms:.2f} ms per step + {fit.sequence_ms:.2f} ms per "
-            f"sequence; invokes: cold start {invokes.cold_start_ms:.0f} ms over a warm round trip, each "
-            f"further concurrent one {invokes.cold_serial_ms:.0f} ms later ["
-            + ", ".join(f"{n}: {ms:.0f}" for n, ms in invokes.cold_points)
-            + f"]; in the service, a warm layer of n invokes {invokes.single_ms:.2f} + "
-            f"{invokes.serial_ms:.2f} x (n - 1) ms, spread {invokes.spread:.2f} ["
-            + ", ".join(f"{n}: {ms:.2f}" for n, ms in invokes.points)
-            + "]",
-            flush=True,
-        )
-        return fit, invokes
-
-    before = calibrate("calibration before")
+    before = calibrate(artifacts, manifest, prompts, plan, calibration_plan, "calibration before")
     host_call_ms = measure_host(artifacts, plan) if plan.in_process() else 0.0
     print(f"host tier: {host_call_ms:.3f} ms per in-process expert call", flush=True)
 
@@ -661,7 +700,7 @@ def main() -> None:
     )
     for record in failed[:3]:
         print(f"  request {record.index} failed: {record.error}")
-    after = calibrate("calibration after")
+    after = calibrate(artifacts, manifest, prompts, plan, calibration_plan, "calibration after")
     fit = BackboneFit(
         (before[0].overhead_ms + after[0].overhead_ms) / 2,
         (before[0].per_token_ms + after[0].per_token_ms) / 2,
