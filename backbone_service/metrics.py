@@ -75,12 +75,18 @@ class _ServingCollector:
 
 
 def _speculation(counters: dict[str, float]) -> Iterator[Metric]:
-    """Decode forwards and the tokens they generated (their ratio: tokens per forward, above 1 with
-    speculation), and the drafter's acceptance per draft position."""
+    """Decode forwards, the sequences they advanced and the tokens they generated (tokens over
+    sequences: tokens per sequence per forward, above 1 with speculation), and the drafter's
+    acceptance per draft position."""
     yield CounterMetricFamily(
         "moeless_decode_forwards", "Batched decode forwards (each verifies its sequences' drafts)",
         value=counters.get("decode_forwards", 0),
     )  # fmt: skip
+    yield CounterMetricFamily(
+        "moeless_decode_verifications",
+        "Sequences the decode forwards advanced, one per sequence per forward",
+        value=counters.get("decode_verifications", 0),
+    )
     yield CounterMetricFamily(
         "moeless_decode_tokens",
         "Tokens the decode forwards generated",
@@ -92,11 +98,13 @@ def _speculation(counters: dict[str, float]) -> Iterator[Metric]:
     yield drafts
     positions = CounterMetricFamily(
         "moeless_draft_position",
-        "Drafts verified at each position with every earlier one accepted (tried), and kept (accepted)",
+        "Per draft position: verifications with room for a draft there after one at the position "
+        "before (room), those carrying one (carried), drafts verified with every earlier one accepted "
+        "(tried), and kept (accepted)",
         labels=["position", "outcome"],
     )
     for key, value in sorted(counters.items()):
-        if key.startswith(("draft_tried_", "draft_accepted_")):
+        if key.startswith(("draft_room_", "draft_carried_", "draft_tried_", "draft_accepted_")):
             outcome, position = key.removeprefix("draft_").split("_")
             positions.add_metric([position, outcome], value)
     yield positions

@@ -57,6 +57,7 @@ import numpy as np
 from common import load_prompts, md_table, tiny_mixtral, write_result
 
 from backbone_service.local import running_service
+from moeless.contracts.environment import DEFAULT_DRAFT_CONFIDENCE
 from moeless.contracts.manifest import Manifest, load_manifest
 from moeless.contracts.plan import Placement, Plan, one_function_per_expert
 from moeless.demo.prompts import DEMO_PROMPTS
@@ -399,6 +400,7 @@ def real_run(
     max_tokens: int = MAX_TOKENS,
     speculate: int = 0,
     draft_model: Path | None = None,
+    draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
 ) -> RealRun:
     """Fire a streamed completion at each arrival time through the local service (with ``speculate``
     drafts per sequence: prompt lookup, or ``draft_model``'s); collect everything."""
@@ -413,6 +415,7 @@ def real_run(
         predictor_trace=None,
         speculate=speculate,
         draft_model=draft_model,
+        draft_confidence=draft_confidence,
     )
 
     def start_host() -> LambdaHost:

@@ -4,18 +4,20 @@ what the simulator predicts for each.
 Model: the trained tiny MoE of the benchmarks (``common.bench_model``: 4 layers x 8 experts, trained
 on ../shared/data/text when present, else on Python's documentation), packaged, one function per
 expert on the local Lambda host in this process; the drafters: prompt lookup, and a dense draft
-(2 Llama blocks) trained on the same text with its tokenizer (``moeless.model.training.trained_draft``).
+(2 Llama blocks) trained on the same text with its tokenizer (``moeless.model.training.trained_draft``),
+with its default confidence cut and with every guess kept (``--draft-confidence 0``).
 Prompts: the demo's 16 and, when ../shared/data/prompts exists, 200 of dev.jsonl (cut to 300
 characters); greedy, ``max_tokens`` 32; Poisson arrivals (seeded), the same for every variant.
 
-Per variant, from the real run (``sim_vs_real.real_run``): tokens per decode forward (the engine's
-``decode_tokens / decode_forwards``), invokes per generated token, TPOT p50 (per request: (finish -
-first token) / (tokens - 1)), the local host's Lambda bill per 1k requests, and whether every
-completion equals no drafting's. Then the simulation of the same run (``sim_vs_real.simulate``: the
-constants calibrated once before the runs, the routing the prompts take, and the variant's
-acceptance as the run measured it, ``Acceptance.from_counters``). Goals (issue 40): with the trained
-draft at least 1.5 tokens per forward, invokes per token at least 30% lower and TPOT p50 at least
-25% lower than without drafting; the simulator within 25% on latencies.
+Per variant, from the real run (``sim_vs_real.real_run``): tokens per sequence per decode forward
+(the engine's ``decode_tokens / decode_verifications``: 1 without drafts, whatever the batch),
+invokes per generated token, TPOT p50 (per request: (finish - first token) / (tokens - 1)), the
+local host's Lambda bill per 1k requests, and whether every completion equals no drafting's. Then
+the simulation of the same run (``sim_vs_real.simulate``: the constants calibrated once before the
+runs, the routing the prompts take, and the variant's acceptance as the run measured it,
+``Acceptance.from_counters``). Goals (issue 40): with the trained draft at least 1.5 tokens per
+forward, invokes per token at least 30% lower and TPOT p50 at least 25% lower than without
+drafting; the simulator within 25% on latencies.
 
 Writes benchmarks/results/speculate.md.
 """
@@ -32,6 +34,7 @@ import numpy as np
 from common import REPO, SHARED, bench_model, md_table, write_result
 from sim_vs_real import RealRun, calibrate, real_run, recorded_routing, signed, simulate
 
+from moeless.contracts.environment import DEFAULT_DRAFT_CONFIDENCE
 from moeless.contracts.manifest import load_manifest
 from moeless.contracts.plan import one_function_per_expert
 from moeless.demo.prompts import DEMO_PROMPTS
@@ -52,6 +55,7 @@ class Variant:
     name: str
     speculate: int = 0
     draft_model: Path | None = None
+    draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE
 
 
 def prompts_to_send() -> list[str]:
@@ -97,6 +101,7 @@ def main() -> None:
     variants = [
         Variant("no drafting"),
         Variant(f"prompt lookup, k={args.drafts}", args.drafts),
+        Variant(f"trained draft, k={args.drafts}, every guess", args.drafts, draft_dir, 0.0),
         Variant(f"trained draft, k={args.drafts}", args.drafts, draft_dir),
     ]
     rows, texts_of, base = [], {}, None
@@ -105,6 +110,7 @@ def main() -> None:
         run = real_run(
             artifacts, plan, times, prompts, max_tokens=MAX_TOKENS,
             speculate=variant.speculate, draft_model=variant.draft_model,
+            draft_confidence=variant.draft_confidence,
         )  # fmt: skip
         counters = run.counters
         acceptance = (
@@ -119,7 +125,7 @@ def main() -> None:
         failed = sum(1 for r in run.requests if r.error)
         real = {
             "tokens per forward": counters.get("decode_tokens", 0)
-            / max(counters.get("decode_forwards", 0), 1),
+            / max(counters.get("decode_verifications", 0), 1),
             "invokes per token": run.invokes / max(tokens, 1),
             "TPOT p50 ms": statistics.median(tpot_ms(run)),
             "Lambda $ per 1k requests": run.lambda_usd / len(prompts) * 1e3,

@@ -12,7 +12,12 @@ import click
 
 from cli.options import echo_step, plan_option, quiet_option
 from cli.running import expert_task_root, host_options, wait_for_stop_signal
-from moeless.contracts.environment import ALIAS, DEFAULT_MAX_BATCH, DEFAULT_REPLAN_INTERVAL_S
+from moeless.contracts.environment import (
+    ALIAS,
+    DEFAULT_DRAFT_CONFIDENCE,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_REPLAN_INTERVAL_S,
+)
 
 if TYPE_CHECKING:
     from moeless.serving.backbone import BackboneConfig
@@ -76,6 +81,14 @@ if TYPE_CHECKING:
     help="With --speculate: a small causal LM with this model's tokenizer drafts the tokens "
     "[default: prompt lookup, n-grams of the text so far].",
 )
+@click.option(
+    "--draft-confidence",
+    type=click.FloatRange(0, 1),
+    default=DEFAULT_DRAFT_CONFIDENCE,
+    show_default=True,
+    help="With --draft-model: a draft stops before the first token the draft model gives less "
+    "probability (0: always K tokens); an unsure guess is mostly rejected and costs expert rows.",
+)
 @click.option("--model-name", help="The `model` clients name [default: the artifacts folder's name].")
 @click.option(
     "--max-tokens-limit",
@@ -125,6 +138,7 @@ def serve(
     prefill_chunk: int | None,
     speculate: int | None,
     draft_model: Path | None,
+    draft_confidence: float,
     model_name: str | None,
     max_tokens_limit: int,
     predictor_trace: Path | None,
@@ -163,6 +177,7 @@ def serve(
         prefill_chunk=prefill_chunk,
         speculate=speculate,
         draft_model=draft_model,
+        draft_confidence=draft_confidence,
         max_tokens_limit=max_tokens_limit,
         replan_interval_s=replan_interval,
         predictor_trace=predictor_trace,

@@ -50,6 +50,11 @@ it (the planner keeps each function's weights loadable in time: ``CostModel.max_
 DEFAULT_MAX_BATCH = 16
 """Sequences the backbone runs in one engine step."""
 
+DEFAULT_DRAFT_CONFIDENCE = 0.4
+"""A draft model stops a sequence's draft before the first token it gives less probability: an
+unsure guess is mostly rejected, and its row still costs the target a row in every MoE layer (more
+distinct experts, more invokes). 0.4 is transformers' ``assistant_confidence_threshold``."""
+
 ARTIFACTS = "MOELESS_ARTIFACTS"
 ARTIFACTS_CACHE = "MOELESS_ARTIFACTS_CACHE"
 FALLBACK_CACHE_BYTES = "MOELESS_FALLBACK_CACHE_BYTES"

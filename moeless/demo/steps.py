@@ -198,15 +198,16 @@ def simulate_policies(
 
 
 def speculation_line(counters: dict[str, float]) -> str:
-    """What speculation did while serving: tokens per decode forward (1 without it) and how many of
-    the draft's tokens the model kept (empty when nothing was drafted)."""
-    forwards, tokens = counters.get("decode_forwards", 0), counters.get("decode_tokens", 0)
+    """What speculation did while serving: tokens per sequence per decode forward (1 without it) and
+    how many of the draft's tokens the model kept (empty when nothing was drafted)."""
+    forwards, tokens = counters.get("decode_verifications", 0), counters.get("decode_tokens", 0)
     proposed, accepted = counters.get("draft_tokens_proposed", 0), counters.get("draft_tokens_accepted", 0)
     if not forwards or not proposed:
         return ""
     return (
-        f"speculation (up to {SPECULATE} drafts per sequence from the dense draft): {tokens / forwards:.2f} "
-        f"tokens per decode forward, {accepted / proposed:.0%} of {proposed:.0f} drafted tokens kept"
+        f"speculation (up to {SPECULATE} drafts per sequence from the dense draft): "
+        f"{tokens / forwards:.2f} tokens per sequence per decode forward, {accepted / proposed:.0%} of "
+        f"{proposed:.0f} drafted tokens kept"
     )
 
 

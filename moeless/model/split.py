@@ -45,9 +45,14 @@ def _dispatched_experts_class() -> type:
             )
             chosen = top_k_index.numpy()  # [T, k]
             k = chosen.shape[1]
-            # 1. Group token rows by expert: (token, slot) pairs sorted by expert, stably.
+            # 1. Group token rows by expert: (token, slot) pairs sorted by expert, stably; rows the
+            # executor calls fillers (padding whose output nobody reads) go to no expert.
+            fillers = getattr(self.executor, "filler_rows", lambda: None)()
+            needed = np.ones(len(chosen), dtype=bool)
+            if fillers is not None:
+                needed[fillers] = False
             flat = chosen.ravel()
-            valid = np.flatnonzero((flat >= 0) & (flat < self.num_experts))
+            valid = np.flatnonzero((flat >= 0) & (flat < self.num_experts) & np.repeat(needed, k))
             pairs = valid[np.argsort(flat[valid], kind="stable")]
             tokens = pairs // k
             ids, starts = np.unique(flat[pairs], return_index=True)
@@ -59,7 +64,7 @@ def _dispatched_experts_class() -> type:
             # are, and a token-level pre-warmer what each token chose).
             observe = getattr(self.executor, "observe_routing", None)
             if observe is not None:
-                observe(self.layer, chosen, top_k_weights.float().numpy())
+                observe(self.layer, chosen[needed], top_k_weights.float().numpy()[needed])
             record = getattr(self.executor, "record_tokens", None)
             if record is not None:
                 record(self.layer, dict(zip(ids.tolist(), groups, strict=True)))

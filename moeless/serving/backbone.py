@@ -13,7 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from moeless.contracts.environment import ALIAS, DEFAULT_MAX_BATCH, DEFAULT_REPLAN_INTERVAL_S
+from moeless.contracts.environment import (
+    ALIAS,
+    DEFAULT_DRAFT_CONFIDENCE,
+    DEFAULT_MAX_BATCH,
+    DEFAULT_REPLAN_INTERVAL_S,
+)
 from moeless.contracts.manifest import load_manifest
 from moeless.contracts.plan import Plan, plan_for
 from moeless.model.reference import eos_token_ids
@@ -72,6 +77,8 @@ class BackboneConfig:
             ``None``: the plan's (``params.deployment.speculate``), else 0.
         draft_model: a small causal LM with the served model's tokenizer that drafts them;
             ``None``: prompt lookup (n-grams of the text so far, no model).
+        draft_confidence: the draft model's probability a drafted token needs (its draft stops
+            before the first less sure one).
     """
 
     artifacts: Path
@@ -97,6 +104,7 @@ class BackboneConfig:
     fallback_cache_bytes: int | None = None
     speculate: int | None = None
     draft_model: Path | None = None
+    draft_confidence: float = DEFAULT_DRAFT_CONFIDENCE
 
 
 def resolve_device(device: str) -> str:
@@ -198,7 +206,9 @@ class Backbone:
             return {}
         if config.draft_model is None:
             return {"drafter": PromptLookupDrafter(), "speculate": k}
-        drafter = ModelDrafter(config.draft_model, self.device, self.tokenizer.get_vocab())
+        drafter = ModelDrafter(
+            config.draft_model, self.device, self.tokenizer.get_vocab(), config.draft_confidence
+        )
         return {"drafter": drafter, "speculate": k}
 
     def planned_prefill_chunk(self) -> int | None:

@@ -66,12 +66,19 @@ class StepCoalescer:
             self._participants = participants
             self._left = []
 
-    def join(self, routing: Routing | list[Routing] | None = None) -> None:
+    def join(self, routing: Routing | list[Routing] | None = None, fillers: np.ndarray | None = None) -> None:
         """Called by each participant's thread before its forward; ``routing`` (layer -> tokens per
         expert) accumulates what this participant sends: one dict for all its token rows, or one
-        dict per token row (a batched decode: row ``b`` is sequence ``b``'s token)."""
+        dict per token row (a batched decode: row ``b`` is sequence ``b``'s token). ``fillers``:
+        token rows whose output nobody reads (a verification's padding past a short draft): the
+        split model sends them to no expert (:meth:`filler_rows`)."""
         self._local.layers = set()
         self._local.routing = routing
+        self._local.fillers = fillers
+
+    def filler_rows(self) -> np.ndarray | None:
+        """The calling forward's rows that need no expert (see :meth:`join`)."""
+        return getattr(self._local, "fillers", None)
 
     def record_tokens(self, layer: int, tokens: dict[int, np.ndarray]) -> None:
         """The calling participant's token rows (indices into its forward's ``[T, H]`` hidden states)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from moeless.contracts.environment import DEFAULT_DRAFT_CONFIDENCE
 from moeless.errors import DraftModelError
 
 DEFAULT_MAX_NGRAM = 3  # prompt lookup matches the context's last 3, then 2, then 1 tokens
@@ -90,9 +91,11 @@ class PromptLookupDrafter:
 
 
 class ModelDrafter:
-    """A small causal LM with the target's tokenizer drafts ``k`` tokens per sequence, greedily for
-    a greedy request, else sampled from its own distribution at the request's temperature and
-    top-p (which speculative sampling then corrects to the target's).
+    """A small causal LM with the target's tokenizer drafts up to ``k`` tokens per sequence,
+    greedily for a greedy request, else sampled from its own distribution at the request's
+    temperature and top-p (which speculative sampling then corrects to the target's). A sequence's
+    draft stops before the first token the draft gives less than ``min_confidence``; a shorter
+    draft never changes what is generated, only how many rows the target verifies.
 
     The sequences draft together, as the target decodes them (:class:`DecodeBatch`): a step is one
     forward over the tokens each sequence generated since its last draft (its cache keeps what came
@@ -103,11 +106,18 @@ class ModelDrafter:
         model_dir: a Hugging Face causal LM folder (config, weights, tokenizer).
         device: where it runs (the backbone's device).
         target_vocab: the target tokenizer's vocabulary (token -> id): the draft's must be the same.
+        min_confidence: the draft's probability a drafted token needs (0: always ``k`` tokens).
     """
 
     name = "draft-model"
 
-    def __init__(self, model_dir: Path, device: Any, target_vocab: dict[str, int]) -> None:
+    def __init__(
+        self,
+        model_dir: Path,
+        device: Any,
+        target_vocab: dict[str, int],
+        min_confidence: float = DEFAULT_DRAFT_CONFIDENCE,
+    ) -> None:
         import torch
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -130,6 +140,7 @@ class ModelDrafter:
             )
         self.model = model.to(device).eval()
         self.device = device
+        self.min_confidence = min_confidence
         self.batch = DecodeBatch(self.model.config)  # members: sequence keys
 
     @property
@@ -160,16 +171,22 @@ class ModelDrafter:
             self.batch.advanced(self._last_inputs, [len(feed) for feed in feeds])
             last = [logits[b, len(feed) - 1] for b, feed in enumerate(feeds)]
             drafts = [Draft() for _ in self.batch.members]
-            # 2. k tokens, one forward each after the first
+            drafting = set(range(len(drafts)))  # rows whose draft is still confident
+            # 2. up to k tokens, one forward each after the first, while some row still drafts
+            extra = 0  # one-token forwards done: the columns to trim afterwards
             for step in range(k):
-                for b, key in enumerate(self.batch.members):
-                    self._choose(drafts[b], last[b], by_key[key])
-                if step == k - 1:
+                for b in sorted(drafting):
+                    if not self._choose(drafts[b], last[b], by_key[self.batch.members[b]]):
+                        drafting.discard(b)
+                if step == k - 1 or not drafting:
                     break
-                logits = self._forward([[d.tokens[-1]] for d in drafts], 1)
+                logits = self._forward(
+                    [[d.tokens[-1] if d.tokens else f[-1]] for d, f in zip(drafts, feeds, strict=True)], 1
+                )
                 self.batch.advanced(self._last_inputs, settle=False)  # the trim below needs every column
+                extra += 1
                 last = [logits[b, 0] for b in range(len(drafts))]
-            self.batch.trim([k - 1] * len(drafts))  # the drafts may be rejected: keep the contexts only
+            self.batch.trim([extra] * len(drafts))  # the drafts may be rejected: keep the contexts only
         found = dict(zip(self.batch.members, drafts, strict=True))
         return [found[r.key] for r in requests]
 
@@ -199,15 +216,24 @@ class ModelDrafter:
         out = self.model(**self._last_inputs, use_cache=True, logits_to_keep=width)
         return out.logits[:, -width:].float().cpu()
 
-    @staticmethod
-    def _choose(draft: Draft, logits: Any, request: DraftRequest) -> None:
+    def _choose(self, draft: Draft, logits: Any, request: DraftRequest) -> bool:
+        """Add the draft's next token to ``draft`` if the draft gives it ``min_confidence``; whether
+        it did (else the draft stops here)."""
         import torch
 
         from moeless.serving.speculation import target_probs
 
         if request.temperature == 0:
-            draft.tokens.append(int(torch.argmax(logits)))
-            return
+            probs = torch.softmax(logits, dim=-1)
+            token = int(torch.argmax(probs))
+            if float(probs[token]) < self.min_confidence:
+                return False
+            draft.tokens.append(token)
+            return True
         q = target_probs(logits, request.temperature, request.top_p)
-        draft.tokens.append(int(torch.multinomial(q, 1, generator=request.generator)))
+        token = int(torch.multinomial(q, 1, generator=request.generator))
+        if float(q[token]) < self.min_confidence:
+            return False
+        draft.tokens.append(token)
         draft.probs = [*(draft.probs or []), q]
+        return True

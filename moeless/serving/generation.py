@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Protocol
 
+import numpy as np
+
 from moeless.serving.coalesce import StepCoalescer
 from moeless.serving.decode_batch import DecodeBatch
 from moeless.serving.drafting import Draft, Drafter, DraftRequest
@@ -431,9 +433,15 @@ class GenerationEngine:
         ]
         inputs = self._decoding.inputs(rows, self.device)
         routing = [s.routing for s in decoding for _ in range(width)]  # one per token row, row-major
-        out = self._forward(routing, logits_to_keep=width, **inputs)
+        # a short draft's padding rows: no expert computes them, and nothing reads their logits
+        fillers = np.array(
+            [b * width + j for b, d in enumerate(drafts) for j in range(1 + len(d.tokens), width)],
+            dtype=np.int64,
+        )
+        out = self._forward(routing, logits_to_keep=width, fillers=fillers, **inputs)
         logits = out.logits[:, -width:].float().cpu()
         self.stats.inc("decode_forwards")
+        self.stats.inc("decode_verifications", len(decoding))  # one per sequence: its tokens per forward
         if self.drafter is None:
             self._decoding.advanced(inputs)
             for row, sequence in enumerate(decoding):
@@ -442,39 +450,52 @@ class GenerationEngine:
             return
         kept = []
         for row, (sequence, draft) in enumerate(zip(decoding, drafts, strict=True)):
-            proposed = rows[row][1:]
-            probs = [
-                *(draft.probs or [None] * len(draft.tokens)),
-                *[None] * (len(proposed) - len(draft.tokens)),
-            ]
             params = sequence.params
             tokens = verify(
-                logits[row], proposed, params.temperature, params.top_p, sequence.generator, probs
+                logits[row, : 1 + len(draft.tokens)],
+                draft.tokens,
+                params.temperature,
+                params.top_p,
+                sequence.generator,
+                draft.probs or [None] * len(draft.tokens),
             )
             sequence.accepted, sequence.logits = tokens, logits[row, : len(tokens)]
             kept.append(len(tokens))
             self.stats.inc("decode_tokens", len(tokens))
-            self._count_acceptance(len(draft.tokens), min(len(tokens) - 1, len(draft.tokens)))
+            self._count_acceptance(
+                self._draft_slots(sequence), len(draft.tokens), min(len(tokens) - 1, len(draft.tokens))
+            )
         self._decoding.advanced(inputs, kept)
 
-    def _count_acceptance(self, proposed: int, accepted: int) -> None:
+    def _count_acceptance(self, slots: int, proposed: int, accepted: int) -> None:
         """The drafter's acceptance, per draft position ``i`` (1-based): ``draft_tried_i`` counts the
         drafts at ``i`` verified with every earlier one accepted, ``draft_accepted_i`` those kept;
-        their ratio is the conditional acceptance the simulator replays
+        ``draft_room_i`` the verifications with room for a draft at ``i`` (``slots``) and one at
+        ``i - 1``, ``draft_carried_i`` those that carried one (a drafter may stop short: no
+        lookup match, an unsure draft model). Their ratios are what the simulator replays
         (:meth:`moeless.simulation.speculation.Acceptance.from_counters`)."""
         self.stats.inc("draft_tokens_proposed", proposed)
         self.stats.inc("draft_tokens_accepted", accepted)
+        for position in range(1, min(slots, proposed + 1) + 1):
+            self.stats.inc(f"draft_room_{position}")
+            if position <= proposed:
+                self.stats.inc(f"draft_carried_{position}")
         for position in range(1, min(accepted + 1, proposed) + 1):
             self.stats.inc(f"draft_tried_{position}")
             if position <= accepted:
                 self.stats.inc(f"draft_accepted_{position}")
+
+    def _draft_slots(self, sequence: Sequence) -> int:
+        """The drafts ``sequence`` may carry into this forward: at most ``speculate``, and fewer than
+        the tokens it may still generate (the token after the drafts is generated too)."""
+        return min(self.speculate, max(0, sequence.params.max_tokens - len(sequence.generated) - 1))
 
     def _drafts(self, decoding: list[Sequence]) -> list[Draft]:
         """Each decoding sequence's drafts: at most ``speculate``, and fewer than the tokens it may
         still generate (the token after the drafts is generated too)."""
         if self.drafter is None:
             return [Draft() for _ in decoding]
-        k = min(self.speculate, max(s.params.max_tokens - len(s.generated) - 1 for s in decoding))
+        k = max(self._draft_slots(s) for s in decoding)
         if k < 1:
             return [Draft() for _ in decoding]
         drafts = self.drafter.propose(
@@ -487,20 +508,25 @@ class GenerationEngine:
             k,
         )
         for sequence, draft in zip(decoding, drafts, strict=True):
-            room = max(0, sequence.params.max_tokens - len(sequence.generated) - 1)
+            room = self._draft_slots(sequence)
             del draft.tokens[room:]
             if draft.probs is not None:
                 del draft.probs[room:]
         return drafts
 
     def _forward(
-        self, routing: dict[int, Any] | list[dict[int, Any]], logits_to_keep: int = 1, **inputs: Any
+        self,
+        routing: dict[int, Any] | list[dict[int, Any]],
+        logits_to_keep: int = 1,
+        fillers: Any = None,
+        **inputs: Any,
     ) -> Any:
-        """One model forward as a step participant (``routing``: per sequence, or per token row)."""
+        """One model forward as a step participant (``routing``: per sequence, or per token row;
+        ``fillers``: rows no expert needs to compute)."""
         import torch
 
         if self.coalescer is not None:
-            self.coalescer.join(routing)
+            self.coalescer.join(routing, fillers)
         self._backbone.acquire()
         try:
             if not torch.is_tensor(inputs["input_ids"]):

@@ -36,12 +36,13 @@ A layer ends when its last piece does; then the step moves on. Events are proces
 order across the backbone's step loops, so function instances are shared as they would be.
 
 With **speculation** (``speculate`` = k drafts and their :class:`~moeless.simulation.speculation.Acceptance`),
-the batched decode verifies each sequence's k drafts as the engine does: every decoding sequence
-routes k + 1 token rows (its next k + 1 positions) through every MoE layer, in the same invokes,
-and the dense forward computes them all; the sequence then generates 1 + the drafts accepted (a
-draw, never past its output). Fewer drafts go in where every decoding sequence is that close to
-its end. Drafting itself is free here: an MTP head or a prompt lookup costs a fraction of one
-forward's dense part, nothing beside a round trip to Lambda per MoE layer.
+the batched decode verifies each sequence's drafts as the engine does: a decoding sequence has
+room for k (fewer near its end), its drafter fills a drawn number of them (``carry``), and its
+token and those drafts route as rows (its next positions) through every MoE layer, in the same
+invokes; the dense forward computes every sequence as wide as the widest. The sequence then
+generates 1 + the drafts accepted (a draw). Drafting itself is free here: an MTP head or a prompt
+lookup costs a fraction of one forward's dense part, nothing beside a round trip to Lambda per MoE
+layer.
 
 With ``account_concurrency``, the environments running at once (on demand, initialising ones
 included) and the provisioned ones together stay within the account's limit, as Lambda keeps
@@ -273,7 +274,7 @@ class _Step:
     counts: np.ndarray  # [MoE layers, experts]
     dense_ms_per_layer: float
     tokens: int
-    drafts: int = 0
+    drafts: list[int] = field(default_factory=list)  # per decoding sequence: the drafts it carries
 
 
 def _any_idle(free_at: list[float], now: float) -> bool:
@@ -633,7 +634,7 @@ class Simulator:
                 request = requests[sequence.index]
                 new = 1  # a prefill's last chunk gives the first token
                 if n < len(step.decoding):
-                    new = self._verified(step.drafts, request.output_tokens - sequence.generated)
+                    new = self._verified(step.drafts[n])
                     result.verifications += 1
                     result.decoded_tokens += new
                 sequence.generated += new
@@ -795,13 +796,17 @@ class Simulator:
             if self.prewarm is not None and self.prewarm.lead == "request":
                 for index in range(len(self.layers)):
                     self._prewarm(now, index, routed[index], result, usd)
-        # each decoding sequence's rows: its token and its drafts, at its next positions
+        # each decoding sequence's rows: its token and its drafts, at its next positions (a
+        # shorter draft's padding goes to no expert)
         drafts = self._drafts(decoding, requests)
         if decoding:
-            rows = range(1 + drafts)
             counts += self.routing.decode(
-                [requests[s.index].source for s in decoding for _ in rows],
-                [s.generated - 1 + j for s in decoding for j in rows],
+                [
+                    requests[s.index].source
+                    for s, n in zip(decoding, drafts, strict=True)
+                    for _ in range(1 + n)
+                ],
+                [s.generated - 1 + j for s, n in zip(decoding, drafts, strict=True) for j in range(1 + n)],
                 self._rng,
             )
         # the step's forwards, as generation.py runs them: each prefill (chunk) alone, then one
@@ -809,28 +814,32 @@ class Simulator:
         forwards = [(tokens, s.prefilled + tokens, 1) for s, tokens in prefilling]
         if decoding:
             context = sum(requests[s.index].prompt_tokens + s.generated for s in decoding)
-            forwards.append((len(decoding) * (1 + drafts), context, len(decoding)))
+            forwards.append((len(decoding) * (1 + max(drafts)), context, len(decoding)))
         tokens = sum(f[0] for f in forwards)
         engine_ms = self.gpu.step_overhead_ms + self.gpu.sequence_overhead_ms * len(batch)
         dense_ms = (sum(self._forward_ms(*f) for f in forwards) + engine_ms) / len(self.layers)
         return _Step(prefilling, decoding, counts, dense_ms, tokens, drafts)
 
-    def _drafts(self, decoding: list[_Sequence], requests: list[Request]) -> int:
-        """The drafts every decoding sequence carries into this step, as the engine drafts: at most
-        ``speculate``, and no more than the sequence with the most tokens still to generate may
-        use beside the token the forward generates anyway (the others' extra rows are fillers)."""
-        if not self.speculate or not decoding:
-            return 0
-        room = max(requests[s.index].output_tokens - s.generated - 1 for s in decoding)
-        return max(0, min(self.speculate, room))
+    def _drafts(self, decoding: list[_Sequence], requests: list[Request]) -> list[int]:
+        """The drafts each decoding sequence carries into this step, as the engine drafts: room for
+        at most ``speculate``, fewer than the tokens it may still generate, of which the drafter
+        fills a drawn number (:meth:`Acceptance.carried`)."""
+        if not self.speculate or self.acceptance is None:
+            return [0] * len(decoding)
+        return [
+            self.acceptance.carried(
+                max(0, min(self.speculate, requests[s.index].output_tokens - s.generated - 1)), self._rng
+            )
+            for s in decoding
+        ]
 
-    def _verified(self, drafts: int, left: int) -> int:
-        """Tokens one decoding sequence generates in a step with ``drafts`` drafts each, ``left``
-        tokens still to generate: 1, and the drafts kept (of those it has room for)."""
+    def _verified(self, drafts: int) -> int:
+        """Tokens one decoding sequence generates in a step with ``drafts`` carried drafts (each
+        within its room): 1, and the drafts kept."""
         if not drafts:
             return 1
         assert self.acceptance is not None
-        return 1 + self.acceptance.accepted(min(drafts, left - 1), self._rng)
+        return 1 + self.acceptance.accepted(drafts, self._rng)
 
     def _prefill_chunks(self, new: list[_Sequence], requests: list[Request]) -> list[tuple[_Sequence, int]]:
         """The prompt tokens each new sequence computes in this step: all that are left, or with

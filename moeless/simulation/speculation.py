@@ -34,32 +34,43 @@ FORMS = (
 class Acceptance:
     """Conditional acceptance per draft position: ``rates[i - 1]`` is the chance draft i is kept
     given drafts 1..i-1 were; positions past ``rates`` are never kept (k is capped at their
-    number). ``source`` says where the figures come from."""
+    number). ``carry[i - 1]``: the chance the drafter fills position i given it filled i - 1 and
+    the sequence has room (a drafter that stops short: no lookup match, an unsure draft model);
+    empty: it always fills every position (a multi-token-prediction module). Only filled
+    positions cost rows in the MoE layers. ``source`` says where the figures come from."""
 
     rates: tuple[float, ...]
     source: str
+    carry: tuple[float, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.rates:
             raise SimulationError("an acceptance needs a rate for at least one draft position")
-        if not all(isinstance(r, int | float) and 0.0 <= r <= 1.0 for r in self.rates):
-            raise SimulationError(f"acceptance rates are between 0 and 1, not {list(self.rates)}")
+        for name, values in (("acceptance", self.rates), ("carry", self.carry)):
+            if not all(isinstance(r, int | float) and 0.0 <= r <= 1.0 for r in values):
+                raise SimulationError(f"{name} rates are between 0 and 1, not {list(values)}")
 
     @classmethod
     def from_counters(cls, counters: Mapping[str, float], source: str) -> Acceptance:
         """The acceptance a served engine measured: ``draft_accepted_i / draft_tried_i`` for each
-        position i = 1, 2, ... it tried (its ``ServingStats`` counters)."""
-        rates = []
-        position = 1
-        while (tried := float(counters.get(f"draft_tried_{position}", 0))) > 0:
-            rates.append(float(counters.get(f"draft_accepted_{position}", 0)) / tried)
-            position += 1
+        position i = 1, 2, ... it tried, and ``draft_carried_i / draft_room_i`` where it counted
+        them (its ``ServingStats`` counters)."""
+
+        def ratios(numerator: str, denominator: str) -> tuple[float, ...]:
+            found = []
+            position = 1
+            while (below := float(counters.get(f"{denominator}_{position}", 0))) > 0:
+                found.append(float(counters.get(f"{numerator}_{position}", 0)) / below)
+                position += 1
+            return tuple(found)
+
+        rates = ratios("draft_accepted", "draft_tried")
         if not rates:
             raise SimulationError(
                 f"{source}: no draft was tried (no draft_tried_1 counter above 0): the engine served "
                 "without speculation, or served nothing"
             )
-        return cls(tuple(rates), source)
+        return cls(rates, source, ratios("draft_carried", "draft_room"))
 
     @classmethod
     def parse(cls, text: str, model: str) -> Acceptance:
@@ -80,17 +91,30 @@ class Acceptance:
             raise SimulationError(f"{text!r} is not an acceptance: give {FORMS}") from None
         return cls(rates, f"given: {value}")
 
+    def _carry(self, position: int) -> float:
+        """The chance position ``position`` (0-based) is filled given the one before was."""
+        if not self.carry:
+            return 1.0
+        return self.carry[position] if position < len(self.carry) else 0.0
+
     def expected_tokens(self, k: int) -> float:
-        """Tokens one verification forward of ``k`` drafts generates on average: 1 + the sum over
-        i <= k of the chance that drafts 1..i are all kept."""
+        """Tokens one verification forward with room for ``k`` drafts generates on average: 1 + the
+        sum over i <= k of the chance that drafts 1..i are all filled and kept."""
         total, kept = 1.0, 1.0
-        for rate in self.rates[:k]:
-            kept *= rate
+        for position, rate in enumerate(self.rates[:k]):
+            kept *= rate * self._carry(position)
             total += kept
         return total
 
+    def carried(self, k: int, rng: np.random.Generator) -> int:
+        """How many of ``k`` positions with room a sequence fills with drafts (a draw)."""
+        filled = 0
+        while filled < k and rng.random() < self._carry(filled):
+            filled += 1
+        return filled
+
     def accepted(self, k: int, rng: np.random.Generator) -> int:
-        """How many of ``k`` drafts one verification forward keeps (a draw)."""
+        """How many of ``k`` carried drafts one verification forward keeps (a draw)."""
         kept = 0
         for rate in self.rates[:k]:
             if rng.random() >= rate:
@@ -100,18 +124,27 @@ class Acceptance:
 
     def describe(self) -> str:
         """One line: the rates and where they come from."""
-        return f"acceptance {', '.join(f'{r:.3g}' for r in self.rates)} per draft position: {self.source}"
+        filled = f", filled {', '.join(f'{c:.3g}' for c in self.carry)}" if self.carry else ""
+        return (
+            f"acceptance {', '.join(f'{r:.3g}' for r in self.rates)}{filled} per draft position: "
+            f"{self.source}"
+        )
 
     def to_json(self) -> dict[str, Any]:
         """As a plan records it (``params.deployment.draft_acceptance``)."""
-        return {"rates": list(self.rates), "source": self.source}
+        recorded: dict[str, Any] = {"rates": list(self.rates), "source": self.source}
+        return recorded | ({"carry": list(self.carry)} if self.carry else {})
 
     @classmethod
     def from_json(cls, value: Mapping[str, Any]) -> Acceptance:
-        """What :meth:`to_json` wrote."""
+        """What :meth:`to_json` wrote (``carry`` may be absent: every position filled)."""
         try:
-            return cls(tuple(float(r) for r in value["rates"]), str(value["source"]))
-        except (KeyError, TypeError, ValueError) as exc:
+            return cls(
+                tuple(float(r) for r in value["rates"]),
+                str(value["source"]),
+                tuple(float(c) for c in value.get("carry") or ()),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise SimulationError(f"a recorded draft acceptance needs rates and a source: {exc}") from None
 
 

@@ -139,7 +139,8 @@ def test_demo_end_to_end_then_a_rerun_reuses_everything(tmp_path):
         assert section in first.stdout, section
     assert "split system = unsplit model on 16/16 prompts" in first.stdout
     assert "moeless sized for p99 TPOT <=" in first.stdout  # the plan served is the optimiser's
-    assert "tokens per decode forward" in first.stdout  # served with its trained draft's speculation
+    # served with its trained draft's speculation
+    assert "tokens per sequence per decode forward" in first.stdout
     assert (tmp_path / "demo" / "report" / "demo.md").is_file()
     assert list((tmp_path / "demo" / "report").glob("*.png"))
     again = subprocess.run(command[:-1], capture_output=True, text=True, timeout=900)

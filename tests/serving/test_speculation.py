@@ -7,6 +7,8 @@ what one-at-a-time decoding caches; speculative sampling keeps the model's distr
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from moeless.contracts.manifest import load_manifest
@@ -66,8 +68,14 @@ def test_prompt_lookup_speculation_is_token_identical_to_generate(tiny, arch):
     for want, sequence in zip(expected, sequences, strict=True):
         assert_greedy_equal(want, engine_tokens(sequence, eos_id))
     counters = engine.stats.snapshot()["counters"]
-    assert counters["draft_tokens_proposed"] > 0 and counters["decode_tokens"] > counters["decode_forwards"]
-    print(counters)
+    assert (
+        counters["draft_tokens_proposed"] > 0 and counters["decode_tokens"] > counters["decode_verifications"]
+    )
+    # every verification with room for a draft counts as room at position 1, whether or not lookup
+    # found one (each sequence's last verification may have none); those that found one carried it
+    verifications = counters["decode_verifications"]
+    assert verifications - len(PROMPTS) <= counters["draft_room_1"] <= verifications
+    assert counters["draft_tried_1"] == counters["draft_carried_1"] <= counters["draft_room_1"]
 
 
 def test_a_rejected_draft_leaves_the_cache_one_at_a_time_decoding_leaves(tiny):
@@ -212,7 +220,9 @@ def test_a_draft_model_speculation_is_token_identical_and_a_perfect_draft_is_all
     coalescer = StepCoalescer(OnnxExpertPool(artifacts, load_manifest(artifacts)))
     model = load_split_model(artifacts, coalescer)
     tokenizer = AutoTokenizer.from_pretrained(artifacts / "backbone")
-    drafter = ModelDrafter(model_dir, "cpu", tokenizer.get_vocab())
+    drafter = ModelDrafter(
+        model_dir, "cpu", tokenizer.get_vocab(), min_confidence=0.0
+    )  # a random model is unsure
     eos = eos_token_ids(model)
     engine = GenerationEngine(model, tokenizer, coalescer, eos, max_batch=8, drafter=drafter, speculate=3)
     try:
@@ -224,7 +234,7 @@ def test_a_draft_model_speculation_is_token_identical_and_a_perfect_draft_is_all
         assert_greedy_equal(want, engine_tokens(sequence, eos_id))
     counters = engine.stats.snapshot()["counters"]
     assert counters["draft_tokens_accepted"] >= 0.9 * counters["draft_tokens_proposed"] > 0
-    assert counters["decode_tokens"] >= 2 * counters["decode_forwards"]
+    assert counters["decode_tokens"] >= 2 * counters["decode_verifications"]
     assert not drafter.caches, "every finished sequence's draft cache is released"
 
 
@@ -253,13 +263,45 @@ def test_a_trained_draft_shares_its_targets_tokenizer_and_drafts(tiny, tmp_path)
     )
     assert result.exit_code == 0, result.output
     vocab = AutoTokenizer.from_pretrained(target).get_vocab()
-    drafter = ModelDrafter(tmp_path / "draft", "cpu", vocab)
+    drafter = ModelDrafter(tmp_path / "draft", "cpu", vocab, min_confidence=0.0)  # 3 steps: unsure
     (draft,) = drafter.propose([DraftRequest("s", [5, 6, 7])], 3)
     assert len(draft.tokens) == 3 and draft.probs is None
     (again,) = drafter.propose([DraftRequest("s", [5, 6, 7, draft.tokens[0]])], 3)  # its cache continues
     assert again.tokens[:2] == draft.tokens[1:]
     drafter.release("s")
     assert not drafter.caches
+
+
+def test_a_draft_stops_before_its_first_unsure_token(tiny):
+    """With ``min_confidence`` t the draft is the longest prefix of the unconstrained one whose every
+    token the draft model gives at least t (checked against the model's own probabilities)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from moeless.serving.drafting import DraftRequest, ModelDrafter
+
+    model_dir = tiny.model("mixtral")
+    vocab = AutoTokenizer.from_pretrained(model_dir).get_vocab()
+    context, k = [5, 6, 7, 8], 4
+    (full,) = ModelDrafter(model_dir, "cpu", vocab, min_confidence=0.0).propose(
+        [DraftRequest("s", context)], k
+    )
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        logits = model(torch.tensor([context + full.tokens[:-1]])).logits[0, len(context) - 1 :]
+    confidence = [float(torch.softmax(row, -1)[t]) for row, t in zip(logits, full.tokens, strict=True)]
+    levels = sorted(set(confidence))
+    thresholds = [levels[0] / 2, *((a + b) / 2 for a, b in pairwise(levels)), 1.01]
+    for threshold in thresholds:
+        kept = 0
+        while kept < k and confidence[kept] >= threshold:
+            kept += 1
+        drafter = ModelDrafter(model_dir, "cpu", vocab, min_confidence=threshold)
+        (draft,) = drafter.propose([DraftRequest("s", context)], k)
+        assert draft.tokens == full.tokens[:kept], threshold
+        longer = [DraftRequest("s", [*context, full.tokens[0]])]
+        fresh = ModelDrafter(model_dir, "cpu", vocab, min_confidence=threshold)
+        assert drafter.propose(longer, k) == fresh.propose(longer, k), "the cut draft's cache continues"
 
 
 def test_serve_refuses_a_draft_model_without_speculation(tiny):

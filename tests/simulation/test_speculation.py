@@ -35,8 +35,24 @@ def test_the_acceptance_an_engine_measured_is_its_counters_ratio_per_position():
                 "draft_accepted_2": 80, "draft_tokens_proposed": 400}  # fmt: skip
     measured = Acceptance.from_counters(counters, "served")
     assert measured.rates == (0.8, 0.5) and measured.source == "served"
+    assert measured.carry == ()  # no room counted: every position filled
     with pytest.raises(SimulationError, match="no draft was tried"):
         Acceptance.from_counters({"decode_forwards": 9}, "served without drafts")
+
+
+def test_a_drafter_that_stops_short_is_measured_by_the_positions_it_filled():
+    counters = {"draft_room_1": 400, "draft_carried_1": 200, "draft_room_2": 200,
+                "draft_carried_2": 150, "draft_tried_1": 200, "draft_accepted_1": 160,
+                "draft_tried_2": 120, "draft_accepted_2": 60}  # fmt: skip
+    measured = Acceptance.from_counters(counters, "served")
+    assert measured.rates == (0.8, 0.5) and measured.carry == (0.5, 0.75)
+    assert measured.expected_tokens(2) == pytest.approx(1 + 0.5 * 0.8 + 0.5 * 0.8 * 0.75 * 0.5)
+    rng = np.random.default_rng(0)
+    filled = [measured.carried(2, rng) for _ in range(20_000)]
+    assert np.mean(filled) == pytest.approx(0.5 + 0.5 * 0.75, abs=0.02)
+    assert measured.carried(5, rng) <= 2  # past the measured positions nothing is filled
+    assert Acceptance.from_json(measured.to_json()) == measured
+    assert "filled 0.5, 0.75" in measured.describe()
 
 
 @pytest.mark.parametrize(
@@ -81,8 +97,10 @@ def one_hot(layers: int = 2) -> SampledRouting:
     return SampledRouting.from_loads(loads, 1, list(range(layers)), layers)
 
 
-def simulate(k: int, rates: tuple[float, ...] | None, requests: list[Request], routing=None) -> PolicyResult:
-    acceptance = Acceptance(rates, "hand-made") if rates is not None else None
+def simulate(
+    k: int, rates: tuple[float, ...] | None, requests: list[Request], routing=None, acceptance=None
+) -> PolicyResult:
+    acceptance = acceptance or (Acceptance(rates, "hand-made") if rates is not None else None)
     sim = Simulator(one_function_each(), routing or one_hot(), SIZE, CostModel(), GPU, HARDWARE,
                     oracle=True, max_batch=8, timeline=False, speculate=k, acceptance=acceptance)  # fmt: skip
     return sim.run(requests, duration_s=1.0)
@@ -113,6 +131,15 @@ def test_no_draft_kept_gives_one_token_per_forward_on_twice_the_rows():
     assert sum(plain.tokens_served.values()) == 2 * (prompt_rows + 4 * 8)
     assert sum(refused.tokens_served.values()) == 2 * (prompt_rows + 4 * (2 * 7 + 1))
     assert refused.invokes == plain.invokes  # the same invokes, carrying the drafts too
+
+
+def test_a_drafter_that_never_fills_a_position_costs_no_rows():
+    # prompt lookup on text that never repeats: room for a draft every step, none carried
+    requests = [Request(0.0, 4, 9, n) for n in range(4)]
+    plain = simulate(0, None, requests)
+    empty = simulate(1, None, requests, acceptance=Acceptance((1.0,), "hand-made", carry=(0.0,)))
+    assert empty.summary()["tokens_per_forward"] == 1.0 and empty.steps == plain.steps
+    assert empty.tokens_served == plain.tokens_served and empty.invokes == plain.invokes
 
 
 def test_a_sequence_never_generates_past_its_output():
