@@ -86,8 +86,9 @@ if TYPE_CHECKING:
     type=click.FloatRange(0, 1),
     default=DEFAULT_DRAFT_CONFIDENCE,
     show_default=True,
-    help="With --draft-model: a draft stops before the first token the draft model gives less "
-    "probability (0: always K tokens); an unsure guess is mostly rejected and costs expert rows.",
+    help="With --draft-model: a draft stops before the first guess the draft model gives less "
+    "probability (0: always K guesses): fewer rejected rows, so fewer experts per layer; worth it "
+    "where the draft's probabilities track how often it is right.",
 )
 @click.option("--model-name", help="The `model` clients name [default: the artifacts folder's name].")
 @click.option(

@@ -50,10 +50,12 @@ it (the planner keeps each function's weights loadable in time: ``CostModel.max_
 DEFAULT_MAX_BATCH = 16
 """Sequences the backbone runs in one engine step."""
 
-DEFAULT_DRAFT_CONFIDENCE = 0.4
-"""A draft model stops a sequence's draft before the first token it gives less probability: an
-unsure guess is mostly rejected, and its row still costs the target a row in every MoE layer (more
-distinct experts, more invokes). 0.4 is transformers' ``assistant_confidence_threshold``."""
+DEFAULT_DRAFT_CONFIDENCE = 0.0
+"""The probability a draft model must give a guess to carry it (its draft stops before the first
+less sure one): 0, every guess, as many as ``speculate``. A cut saves rows (and so distinct experts
+and invokes) where the draft's probabilities say how often it is right; transformers' assistant
+models use 0.4, which would all but silence a small draft that is rarely sure yet right half the
+time (benchmarks/results/speculate.md), so it is opt-in."""
 
 ARTIFACTS = "MOELESS_ARTIFACTS"
 ARTIFACTS_CACHE = "MOELESS_ARTIFACTS_CACHE"

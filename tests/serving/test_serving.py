@@ -426,8 +426,7 @@ def test_the_service_speculates_as_its_plan_or_its_options_say_and_reports_it(mi
         assert "moeless_decode_tokens_total" in metrics
     with serving(artifacts, plan_path=tmp_path / "plan.json", speculate=0) as (_, backbone, _host):
         assert backbone.engine.drafter is None
-    # the unsplit checkpoint drafts for its split self: a random model, unsure of every token
-    with serving(artifacts, speculate=2, draft_model=model_dir, draft_confidence=0.0) as (_, backbone, _host):
+    with serving(artifacts, speculate=2, draft_model=model_dir) as (_, backbone, _host):
         assert backbone.engine.drafter.name == "draft-model"
         assert engine_ids(backbone, prompts, 8) == expected
         counters = backbone.stats.snapshot()["counters"]
