@@ -465,11 +465,15 @@ def real_run(
         setattr(backbone.engine, "_step", step_timed)  # noqa: B010
         before = backbone.stats.snapshot()["counters"]
         assert isinstance(before, dict)
-        billed = host.meter.snapshot()["totals"].get("cost_usd", 0.0) if host else 0.0
+
+        def billed_usd() -> float:
+            return host.meter.snapshot()["totals"].get("cost_usd", 0.0) if host else 0.0
+
+        billed = billed_usd()
         records = fire_requests(server.url, backbone.model_name, times, prompts, max_tokens)
         after = backbone.stats.snapshot()["counters"]
         assert isinstance(after, dict)
-        billed = (host.meter.snapshot()["totals"].get("cost_usd", 0.0) if host else 0.0) - billed
+        billed = billed_usd() - billed
 
     def delta(name: str) -> int:
         return int(after.get(name, 0) - before.get(name, 0))

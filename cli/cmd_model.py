@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -55,6 +57,17 @@ def tiny(
     click.echo(str(out_dir))
 
 
+def texts_option(help_text: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--text FILE`` (repeatable): the text a model trains on."""
+    return click.option(
+        "--text",
+        "texts",
+        multiple=True,
+        type=click.Path(exists=True, dir_okay=False, path_type=Path),
+        help=help_text,
+    )
+
+
 @model.command("train")
 @click.argument("out_dir", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--arch", type=click.Choice(TINY_ARCHS), default="mixtral", show_default=True)
@@ -74,13 +87,7 @@ def tiny(
     type=click.FloatRange(0, min_open=True),
     help="Stop after this long even if steps remain (the report says so).",
 )
-@click.option(
-    "--text",
-    "texts",
-    multiple=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Train on these files [default: Python's own documentation, which every Python carries].",
-)
+@texts_option("Train on these files [default: Python's own documentation, which every Python carries].")
 @click.option("--seed", type=int, default=0, show_default=True)
 @quiet_option
 def train(
@@ -136,13 +143,7 @@ def train(
 @click.option("--layers", type=click.IntRange(min=1), default=2, show_default=True)
 @click.option("--hidden", type=click.IntRange(min=16), default=128, show_default=True)
 @click.option("--steps", type=click.IntRange(min=1), default=600, show_default=True)
-@click.option(
-    "--text",
-    "texts",
-    multiple=True,
-    type=click.Path(exists=True, dir_okay=False, path_type=Path),
-    help="Train on these files (the target's own text is best) [default: Python's own documentation].",
-)
+@texts_option("Train on these files (the target's own text is best) [default: Python's own documentation].")
 @click.option("--seed", type=int, default=0, show_default=True)
 @quiet_option
 def train_draft(

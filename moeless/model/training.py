@@ -62,8 +62,7 @@ def train_model(
     import torch
     from transformers import AutoModelForCausalLM, GenerationConfig
 
-    text = "\n\n".join(p.read_text(errors="replace") for p in texts) if texts else python_doc_text()
-    source = ", ".join(str(p) for p in texts) if texts else "pydoc_data (Python's own documentation)"
+    text, source = _corpus(texts)
     tokenizer = train_tokenizer(spec.vocab, text)
     eos_id = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[0])
     pad_id = tokenizer.convert_tokens_to_ids(SPECIAL_TOKENS[1])
@@ -79,11 +78,7 @@ def train_model(
     )
     config = tiny_config(tiny, eos_id, pad_id)
     config.router_aux_loss_coef = spec.aux_loss_coef
-    ids = torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)
-    cut = int(len(ids) * 0.95)
-    train_ids, heldout_ids = ids[:cut], ids[cut:]
-    if len(heldout_ids) <= spec.seq_len + 1:
-        raise ValueError(f"the text is too short to train on ({len(ids)} tokens)")
+    train_ids, heldout_ids = _split(tokenizer, text, spec.seq_len)
 
     torch.manual_seed(spec.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -92,15 +87,7 @@ def train_model(
     model.generation_config = GenerationConfig(
         bos_token_id=eos_id, eos_token_id=eos_id, pad_token_id=pad_id, do_sample=False
     )
-    out_dir = Path(out_dir)
-    model.save_pretrained(out_dir)
-    tokenizer.save_pretrained(out_dir)
-    report = TrainReport(
-        fit.steps, fit.seconds, fit.loss, perplexity, len(heldout_ids), len(train_ids), source, fit.stopped,
-        asdict(spec),
-    )  # fmt: skip
-    (out_dir / REPORT_NAME).write_text(json.dumps(asdict(report), indent=2))
-    return report
+    return _save(Path(out_dir), model, tokenizer, fit, perplexity, (train_ids, heldout_ids), source, spec)
 
 
 @dataclass(frozen=True)
@@ -173,8 +160,7 @@ def train_draft_model(
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig, LlamaConfig
 
-    text = "\n\n".join(p.read_text(errors="replace") for p in texts) if texts else python_doc_text()
-    source = ", ".join(str(p) for p in texts) if texts else "pydoc_data (Python's own documentation)"
+    text, source = _corpus(texts)
     tokenizer = AutoTokenizer.from_pretrained(target_dir, local_files_only=True)
     target = AutoConfig.from_pretrained(target_dir, local_files_only=True)
     config = LlamaConfig(
@@ -184,9 +170,7 @@ def train_draft_model(
         eos_token_id=target.eos_token_id, pad_token_id=target.pad_token_id, tie_word_embeddings=True,
         initializer_range=min(0.1, spec.hidden**-0.5),
     )  # fmt: skip
-    ids = torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)
-    cut = int(len(ids) * 0.95)
-    train_ids, heldout_ids = ids[:cut], ids[cut:]
+    train_ids, heldout_ids = _split(tokenizer, text, spec.seq_len)
     torch.manual_seed(spec.seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     fit = _fit(model, train_ids, spec, progress)
@@ -195,9 +179,35 @@ def train_draft_model(
         bos_token_id=target.bos_token_id, eos_token_id=target.eos_token_id,
         pad_token_id=target.pad_token_id, do_sample=False,
     )  # fmt: skip
-    out_dir = Path(out_dir)
+    return _save(Path(out_dir), model, tokenizer, fit, perplexity, (train_ids, heldout_ids), source, spec)
+
+
+def _corpus(texts: list[Path] | None) -> tuple[str, str]:
+    """The training text (``texts`` joined, else Python's own documentation) and its source."""
+    if texts:
+        return "\n\n".join(p.read_text(errors="replace") for p in texts), ", ".join(str(p) for p in texts)
+    return python_doc_text(), "pydoc_data (Python's own documentation)"
+
+
+def _split(tokenizer: Any, text: str, seq_len: int) -> tuple[Any, Any]:
+    """``text``'s token ids: the first 95% to train on, the rest held out (at least one window)."""
+    import torch
+
+    ids = torch.tensor(tokenizer(text)["input_ids"], dtype=torch.long)
+    cut = int(len(ids) * 0.95)
+    if len(ids) - cut <= seq_len + 1:
+        raise ValueError(f"the text is too short to train on ({len(ids)} tokens)")
+    return ids[:cut], ids[cut:]
+
+
+def _save(
+    out_dir: Path, model: Any, tokenizer: Any, fit: _Fit, perplexity: float, ids: tuple[Any, Any],
+    source: str, spec: Any,
+) -> TrainReport:  # fmt: skip
+    """Write the checkpoint (config, weights, tokenizer) and its report to ``out_dir``."""
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
+    train_ids, heldout_ids = ids
     report = TrainReport(
         fit.steps, fit.seconds, fit.loss, perplexity, len(heldout_ids), len(train_ids), source, fit.stopped,
         asdict(spec),

@@ -434,9 +434,13 @@ class GenerationEngine:
         inputs = self._decoding.inputs(rows, self.device)
         routing = [s.routing for s in decoding for _ in range(width)]  # one per token row, row-major
         # a short draft's padding rows: no expert computes them, and nothing reads their logits
-        fillers = np.array(
-            [b * width + j for b, d in enumerate(drafts) for j in range(1 + len(d.tokens), width)],
-            dtype=np.int64,
+        fillers = (
+            np.array(
+                [b * width + j for b, d in enumerate(drafts) for j in range(1 + len(d.tokens), width)],
+                dtype=np.int64,
+            )
+            if width > 1
+            else None
         )
         out = self._forward(routing, logits_to_keep=width, fillers=fillers, **inputs)
         logits = out.logits[:, -width:].float().cpu()
@@ -491,8 +495,7 @@ class GenerationEngine:
         return min(self.speculate, max(0, sequence.params.max_tokens - len(sequence.generated) - 1))
 
     def _drafts(self, decoding: list[Sequence]) -> list[Draft]:
-        """Each decoding sequence's drafts: at most ``speculate``, and fewer than the tokens it may
-        still generate (the token after the drafts is generated too)."""
+        """Each decoding sequence's drafts, no more than its :meth:`_draft_slots`."""
         if self.drafter is None:
             return [Draft() for _ in decoding]
         k = max(self._draft_slots(s) for s in decoding)
@@ -617,6 +620,6 @@ class GenerationEngine:
 
 
 def _padded(tokens: list[int], width: int, filler: int) -> list[int]:
-    """``tokens`` filled up to ``width`` with guesses of ``filler`` (its last token, else ``filler``):
-    every row of a step has as many tokens; a filler is verified like any draft."""
+    """``tokens`` padded to ``width`` with their last token (else ``filler``): every row of a step has
+    as many tokens; the padding goes to no expert and is never verified."""
     return [*tokens, *[tokens[-1] if tokens else filler] * (width - len(tokens))]

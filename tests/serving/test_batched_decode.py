@@ -102,8 +102,10 @@ def run_staggered(engine: GenerationEngine, tokenizer, prompts: list[str], max_t
     return sequences
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHS)
-def test_split_model_batched_decode_equals_generate_with_joins_and_leaves(tiny, arch):
+def assert_split_engine_equals_generate(tiny, arch: str, make_drafter=None, speculate: int = 0) -> dict:
+    """Serve ``PROMPTS`` staggered through the split ``arch`` model's engine (with the drafter
+    ``make_drafter(model_dir, tokenizer)`` makes, drafting ``speculate``), check every sequence
+    against ``generate``; the engine's counters."""
     from transformers import AutoTokenizer
 
     model_dir, artifacts = tiny.model(arch), tiny.package(arch)
@@ -111,8 +113,11 @@ def test_split_model_batched_decode_equals_generate_with_joins_and_leaves(tiny, 
     coalescer = StepCoalescer(OnnxExpertPool(artifacts, load_manifest(artifacts)))
     model = load_split_model(artifacts, coalescer)
     tokenizer = AutoTokenizer.from_pretrained(artifacts / "backbone")
+    drafter = make_drafter(model_dir, tokenizer) if make_drafter else None
     eos = eos_token_ids(model)
-    engine = GenerationEngine(model, tokenizer, coalescer, eos, max_batch=8)
+    engine = GenerationEngine(
+        model, tokenizer, coalescer, eos, max_batch=8, drafter=drafter, speculate=speculate
+    )
     try:
         sequences = run_staggered(engine, tokenizer, PROMPTS, MAX_TOKENS)
     finally:
@@ -120,6 +125,12 @@ def test_split_model_batched_decode_equals_generate_with_joins_and_leaves(tiny, 
     (eos_id,) = eos
     for reference_run, sequence in zip(expected, sequences, strict=True):
         assert_greedy_equal(reference_run, engine_tokens(sequence, eos_id))
+    return engine.stats.snapshot()["counters"]
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_split_model_batched_decode_equals_generate_with_joins_and_leaves(tiny, arch):
+    assert_split_engine_equals_generate(tiny, arch)
 
 
 def test_unsplit_engine_equals_generate_when_the_batch_is_smaller_than_the_requests(tiny):

@@ -20,12 +20,8 @@ from moeless.serving.drafting import PromptLookupDrafter, lookup_continuation
 from moeless.serving.generation import GenerationEngine
 from moeless.serving.speculation import target_probs, verify
 from tests.serving.test_batched_decode import (
-    MAX_TOKENS,
     PROMPTS,
-    assert_greedy_equal,
-    engine_tokens,
-    reference,
-    run_staggered,
+    assert_split_engine_equals_generate,
 )
 
 
@@ -49,25 +45,7 @@ def test_greedy_verification_keeps_drafts_up_to_the_first_disagreement_then_the_
 
 @pytest.mark.parametrize("arch", ["mixtral", "gpt_oss"])
 def test_prompt_lookup_speculation_is_token_identical_to_generate(tiny, arch):
-    from transformers import AutoTokenizer
-
-    model_dir, artifacts = tiny.model(arch), tiny.package(arch)
-    expected = reference(model_dir, PROMPTS, MAX_TOKENS)
-    coalescer = StepCoalescer(OnnxExpertPool(artifacts, load_manifest(artifacts)))
-    model = load_split_model(artifacts, coalescer)
-    tokenizer = AutoTokenizer.from_pretrained(artifacts / "backbone")
-    eos = eos_token_ids(model)
-    engine = GenerationEngine(
-        model, tokenizer, coalescer, eos, max_batch=8, drafter=PromptLookupDrafter(), speculate=4
-    )
-    try:
-        sequences = run_staggered(engine, tokenizer, PROMPTS, MAX_TOKENS)
-    finally:
-        engine.stop()
-    (eos_id,) = eos
-    for want, sequence in zip(expected, sequences, strict=True):
-        assert_greedy_equal(want, engine_tokens(sequence, eos_id))
-    counters = engine.stats.snapshot()["counters"]
+    counters = assert_split_engine_equals_generate(tiny, arch, lambda *_: PromptLookupDrafter(), speculate=4)
     assert (
         counters["draft_tokens_proposed"] > 0 and counters["decode_tokens"] > counters["decode_verifications"]
     )
@@ -211,31 +189,18 @@ def test_seeded_sampling_with_speculation_is_reproducible(tiny):
 def test_a_draft_model_speculation_is_token_identical_and_a_perfect_draft_is_all_accepted(tiny, arch):
     """The unsplit checkpoint drafting for its split self agrees almost always (up to float
     rounding), so most drafts are kept; the tokens are generate's all the same."""
-    from transformers import AutoTokenizer
-
     from moeless.serving.drafting import ModelDrafter
 
-    model_dir, artifacts = tiny.model(arch), tiny.package(arch)
-    expected = reference(model_dir, PROMPTS, MAX_TOKENS)
-    coalescer = StepCoalescer(OnnxExpertPool(artifacts, load_manifest(artifacts)))
-    model = load_split_model(artifacts, coalescer)
-    tokenizer = AutoTokenizer.from_pretrained(artifacts / "backbone")
-    drafter = ModelDrafter(
-        model_dir, "cpu", tokenizer.get_vocab(), min_confidence=0.0
-    )  # a random model is unsure
-    eos = eos_token_ids(model)
-    engine = GenerationEngine(model, tokenizer, coalescer, eos, max_batch=8, drafter=drafter, speculate=3)
-    try:
-        sequences = run_staggered(engine, tokenizer, PROMPTS, MAX_TOKENS)
-    finally:
-        engine.stop()
-    (eos_id,) = eos
-    for want, sequence in zip(expected, sequences, strict=True):
-        assert_greedy_equal(want, engine_tokens(sequence, eos_id))
-    counters = engine.stats.snapshot()["counters"]
+    drafters = []
+
+    def make_drafter(model_dir, tokenizer):  # every guess: a random model is unsure of them
+        drafters.append(ModelDrafter(model_dir, "cpu", tokenizer.get_vocab(), min_confidence=0.0))
+        return drafters[0]
+
+    counters = assert_split_engine_equals_generate(tiny, arch, make_drafter, speculate=3)
     assert counters["draft_tokens_accepted"] >= 0.9 * counters["draft_tokens_proposed"] > 0
     assert counters["decode_tokens"] >= 2 * counters["decode_verifications"]
-    assert not drafter.caches, "every finished sequence's draft cache is released"
+    assert not drafters[0].caches, "every finished sequence's draft cache is released"
 
 
 def test_a_draft_model_with_another_tokenizer_is_refused(tiny):
